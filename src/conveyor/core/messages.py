@@ -1,0 +1,79 @@
+"""Message operations: send, receive, acknowledge, fail, change visibility."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from conveyor import types
+from conveyor.db import execute as db
+
+Connection = db.Connection
+
+
+async def send(conn: Connection, queue: str, message: types.OutgoingMessage) -> int:
+    return int(await db.fetch_value(conn, "message_send", {
+        "queue": queue,
+        "body": message.body,
+        "headers": message.headers,
+        "delay": message.delay,
+        "content_type": message.content_type,
+        "group_id": message.group_id,
+        "dedup_id": message.dedup_id,
+    }))
+
+
+async def send_batch(conn: Connection, queue: str, messages: Sequence[types.OutgoingMessage]) -> list[int]:
+    """Send many messages in one SQL call; ids come back in input order."""
+    return [int(i) for i in await db.fetch_column(conn, "message_send_batch", {
+        "queue": queue,
+        "bodies": [m.body for m in messages],
+        "headers": [m.headers for m in messages],
+        "delays": [m.delay for m in messages],
+        "content_types": [m.content_type for m in messages],
+        "group_ids": [m.group_id for m in messages],
+        "dedup_ids": [m.dedup_id for m in messages],
+    })]
+
+
+async def receive(conn: Connection, queue: str, qty: int = 1, vt: int | None = None,
+                  wait: int = 0) -> list[types.Message]:
+    """Claim up to ``qty`` visible messages. ``wait`` > 0 polls inside the database; the
+    server never does that (see ``conveyor.server.waiters``)."""
+    rows = await db.fetch_all(conn, "message_receive",
+                              {"queue": queue, "vt": vt, "qty": qty, "wait": wait}, row=types.Message)
+    return sorted(rows, key=lambda m: m.id)
+
+
+async def pop(conn: Connection, queue: str, qty: int = 1) -> list[types.Message]:
+    rows = await db.fetch_all(conn, "message_pop", {"queue": queue, "qty": qty}, row=types.Message)
+    return sorted(rows, key=lambda m: m.id)
+
+
+async def peek(conn: Connection, queue: str, qty: int = 10, after_id: int = 0) -> list[types.Message]:
+    return await db.fetch_all(conn, "message_peek", {"queue": queue, "qty": qty, "after_id": after_id},
+                              row=types.Message)
+
+
+async def delete(conn: Connection, queue: str, ids: Sequence[int]) -> list[int]:
+    """Delete messages; returns the ids that existed."""
+    return sorted(await db.fetch_column(conn, "message_delete", {"queue": queue, "ids": list(ids)}))
+
+
+async def archive(conn: Connection, queue: str, ids: Sequence[int]) -> list[int]:
+    """Move messages to the archive as completed; returns the ids that existed."""
+    return sorted(await db.fetch_column(conn, "message_archive", {"queue": queue, "ids": list(ids)}))
+
+
+async def fail(conn: Connection, queue: str, message_id: int, reason: str | None = None) -> bool:
+    """Fail a message: to the dead-letter queue, else to the archive as failed."""
+    return bool(await db.fetch_value(conn, "message_fail",
+                                     {"queue": queue, "id": message_id, "reason": reason}))
+
+
+async def set_vt(conn: Connection, queue: str, ids: Sequence[int], vt: int,
+                 in_flight_only: bool = False) -> list[types.Message]:
+    """Make messages visible again in ``vt`` seconds; returns those changed."""
+    rows = await db.fetch_all(conn, "message_set_vt",
+                              {"queue": queue, "ids": list(ids), "vt": vt, "in_flight_only": in_flight_only},
+                              row=types.Message)
+    return sorted(rows, key=lambda m: m.id)

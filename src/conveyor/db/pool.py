@@ -1,0 +1,94 @@
+"""Connection pools and single connections, with errors translated at the edge."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import psycopg
+import psycopg_pool
+
+from conveyor.db import execute
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    size: int
+    idle: int
+    active: int
+    acquire_timeouts: int
+
+
+class Database:
+    """A pool of autocommit connections: each SQL API call is its own transaction.
+
+    When a call fails because the database went away, the pool is asked to check its
+    idle connections in the background, so that stale ones are replaced before the next
+    requests take them (recovery after a PostgreSQL restart needs nothing from outside).
+    """
+
+    def __init__(self, dsn: str, *, min_size: int = 2, max_size: int = 10, timeout: float = 10.0,
+                 application_name: str = "conveyor") -> None:
+        self.dsn = dsn
+        self._pool = psycopg_pool.AsyncConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            open=False,
+            kwargs={"autocommit": True, "application_name": application_name},
+            reconnect_timeout=float("inf"),
+        )
+        self._checking: asyncio.Task[None] | None = None
+
+    async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
+        with execute.translated():
+            await self._pool.open(wait=wait, timeout=timeout)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @contextlib.asynccontextmanager
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[execute.Connection]:
+        try:
+            with execute.translated():
+                async with self._pool.connection(timeout=timeout) as conn:
+                    yield conn
+        except Exception as exc:
+            if isinstance(exc.__cause__, (psycopg.OperationalError, psycopg_pool.PoolTimeout)):
+                self._check_soon()
+            raise
+
+    def _check_soon(self) -> None:
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.get_running_loop().create_task(self._check())
+
+    async def _check(self) -> None:
+        try:
+            await self._pool.check()
+        except Exception:  # the check itself failing means the database is still down
+            log.debug("pool check failed", exc_info=True)
+
+    def stats(self) -> PoolStats:
+        s = self._pool.get_stats()
+        size = s.get("pool_size", 0)
+        idle = s.get("pool_available", 0)
+        return PoolStats(size=size, idle=idle, active=max(size - idle, 0),
+                         acquire_timeouts=s.get("requests_errors", 0))
+
+
+@contextlib.asynccontextmanager
+async def connect(dsn: str, *, autocommit: bool = True) -> AsyncIterator[execute.Connection]:
+    """One connection outside any pool (CLI commands, migrations, LISTEN)."""
+    with execute.translated():
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit,
+                                                     application_name="conveyor")
+    try:
+        yield conn
+    finally:
+        await conn.close()

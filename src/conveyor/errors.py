@@ -1,0 +1,98 @@
+"""Conveyor's error tree: the one vocabulary every layer speaks.
+
+    ConveyorError
+    ├── NotFound                 404 — the named thing does not exist
+    │   ├── QueueNotFound          (SQLSTATE CVQ01)
+    │   └── MessageNotFound
+    ├── Conflict                 409 — the request contradicts what is stored
+    │   ├── QueueAlreadyExists     (CVQ02)
+    │   └── MessageNotInFlight     (CVM02)
+    ├── InvalidInput             400 — the request is malformed or out of range (CVV01, SQLSTATE class 22)
+    │   └── MessageTooLarge        (CVM01)
+    ├── PermissionDenied         403 — the caller's role may not do this (42501)
+    ├── Unavailable              503 — the database cannot be reached right now
+    └── InternalError            500 — anything else; details go to the log, not the client
+
+Errors raised by the database enter Python in one place (``conveyor.db.execute``) and are
+looked up here by SQLSTATE; each protocol renders them at its edge through one table.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class ConveyorError(Exception):
+    """Base of every error Conveyor raises on purpose."""
+
+    sqlstate: ClassVar[str | None] = None
+    _by_sqlstate: ClassVar[dict[str, type[ConveyorError]]] = {}
+
+    def __init_subclass__(cls, sqlstate: str | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if sqlstate:
+            cls.sqlstate = sqlstate
+            ConveyorError._by_sqlstate[sqlstate] = cls
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @classmethod
+    def for_sqlstate(cls, sqlstate: str | None) -> type[ConveyorError] | None:
+        """The error class registered for a SQLSTATE, or the class of its two-letter prefix."""
+        if not sqlstate:
+            return None
+        return cls._by_sqlstate.get(sqlstate) or cls._by_sqlstate.get(sqlstate[:2])
+
+
+class NotFound(ConveyorError):
+    pass
+
+
+class QueueNotFound(NotFound, sqlstate="CVQ01"):
+    pass
+
+
+class MessageNotFound(NotFound):
+    pass
+
+
+class Conflict(ConveyorError):
+    pass
+
+
+class QueueAlreadyExists(Conflict, sqlstate="CVQ02"):
+    pass
+
+
+class MessageNotInFlight(Conflict, sqlstate="CVM02"):
+    pass
+
+
+class InvalidInput(ConveyorError, sqlstate="CVV01"):
+    pass
+
+
+class DataException(InvalidInput, sqlstate="22"):
+    """PostgreSQL's own data exceptions (bad encodings, out-of-range numbers)."""
+
+
+class MessageTooLarge(InvalidInput, sqlstate="CVM01"):
+    pass
+
+
+class PermissionDenied(ConveyorError, sqlstate="42501"):
+    pass
+
+
+class Unauthorized(ConveyorError):
+    """No or unknown credentials (rendered as 403, as seed 000 does)."""
+
+
+class Unavailable(ConveyorError):
+    pass
+
+
+class InternalError(ConveyorError):
+    pass

@@ -1,0 +1,33 @@
+-- Queries over the message functions of migration 0001.
+
+-- name: message_send
+SELECT conveyor.message_send(%(queue)s::text, %(body)s::text, %(headers)s::jsonb, %(delay)s::integer,
+                             %(content_type)s::text, %(group_id)s::text, %(dedup_id)s::text)
+
+-- name: message_send_batch
+SELECT conveyor.message_send_batch(%(queue)s::text, %(bodies)s::text[], %(headers)s::jsonb[],
+                                   %(delays)s::integer[], %(content_types)s::text[],
+                                   %(group_ids)s::text[], %(dedup_ids)s::text[])
+
+-- name: message_receive
+SELECT * FROM conveyor.message_receive(%(queue)s::text, %(vt)s::integer, %(qty)s::integer,
+                                       %(wait)s::integer)
+
+-- name: message_pop
+SELECT * FROM conveyor.message_pop(%(queue)s::text, %(qty)s::integer)
+
+-- name: message_peek
+SELECT * FROM conveyor.message_peek(%(queue)s::text, %(qty)s::integer, %(after_id)s::bigint)
+
+-- name: message_delete
+SELECT conveyor.message_delete(%(queue)s::text, %(ids)s::bigint[])
+
+-- name: message_archive
+SELECT conveyor.message_archive(%(queue)s::text, %(ids)s::bigint[])
+
+-- name: message_fail
+SELECT conveyor.message_fail(%(queue)s::text, %(id)s::bigint, %(reason)s::text)
+
+-- name: message_set_vt
+SELECT * FROM conveyor.message_set_vt(%(queue)s::text, %(ids)s::bigint[], %(vt)s::integer,
+                                      %(in_flight_only)s::boolean)

@@ -1,0 +1,110 @@
+"""Value types that cross layer boundaries: frozen, typed, and free of any driver."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+QUEUE_ATTRIBUTES = (
+    "visibility_timeout",
+    "delay_seconds",
+    "retention_seconds",
+    "max_message_size",
+    "receive_wait_seconds",
+    "max_receive_count",
+    "dead_letter_queue",
+    "content_based_deduplication",
+)
+
+JSON_CONTENT_TYPE = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """A queue's configuration (the SQL view ``conveyor.queue_info``)."""
+
+    name: str
+    fifo: bool
+    visibility_timeout: int
+    delay_seconds: int
+    retention_seconds: int
+    max_message_size: int
+    receive_wait_seconds: int
+    max_receive_count: int | None
+    dead_letter_queue: str | None
+    content_based_deduplication: bool
+    created_at: datetime
+    updated_at: datetime
+
+    def attributes(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in QUEUE_ATTRIBUTES}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMetrics:
+    queue_name: str
+    queue_length: int
+    in_flight: int
+    delayed: int
+    newest_msg_age_sec: int | None
+    oldest_msg_age_sec: int | None
+    total_messages: int
+    dead_letter_queue: str | None
+    dead_letter_length: int
+    scrape_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """A message to send. ``delay`` None means the queue's delay_seconds."""
+
+    body: str
+    headers: dict[str, Any] | None = None
+    delay: int | None = None
+    content_type: str | None = None
+    group_id: str | None = None
+    dedup_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A stored message as the SQL API returns it (a row of ``conveyor.messages``)."""
+
+    queue_id: int
+    id: int
+    vt: datetime
+    sent_at: datetime
+    receive_count: int
+    first_received_at: datetime | None
+    body: str
+    content_type: str | None = None
+    headers: dict[str, Any] | None = None
+    group_id: str | None = None
+    dedup_id: str | None = None
+    source_queue_id: int | None = None
+
+    @property
+    def is_json(self) -> bool:
+        return self.content_type == JSON_CONTENT_TYPE
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveParams:
+    """What a receive asks for: ``vt`` None means the queue's visibility timeout,
+    ``wait`` None means the queue's receive_wait_seconds."""
+
+    qty: int = 1
+    vt: int | None = None
+    wait: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceReport:
+    removed: dict[str, int] = field(default_factory=dict)
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """Names of a dataclass's fields (used to map rows onto value types)."""
+    return tuple(f.name for f in dataclasses.fields(cls))

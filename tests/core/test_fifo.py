@@ -1,0 +1,99 @@
+"""FIFO queues: per-group order, group blocking, deduplication."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor import errors, types
+from conveyor.core import messages, queues
+
+M = types.OutgoingMessage
+
+
+def fifo(body: str, group: str, dedup: str | None = None) -> types.OutgoingMessage:
+    return M(body, group_id=group, dedup_id=dedup or body)
+
+
+async def test_group_is_served_only_when_nothing_of_it_is_in_flight(conn):
+    await queues.create(conn, "q.fifo")
+    await messages.send_batch(conn, "q.fifo", [fifo("a1", "a"), fifo("b1", "b"), fifo("a2", "a"), fifo("b2", "b")])
+    first = await messages.receive(conn, "q.fifo", qty=1, vt=60)
+    assert [m.body for m in first] == ["a1"]
+    second = await messages.receive(conn, "q.fifo", qty=10, vt=60)
+    assert [m.body for m in second] == ["b1", "b2"]  # group a is blocked by a1
+    assert await messages.receive(conn, "q.fifo", qty=10) == []
+    await messages.delete(conn, "q.fifo", [first[0].id])
+    assert [m.body for m in await messages.receive(conn, "q.fifo", qty=10)] == ["a2"]
+
+
+async def test_order_within_group_survives_visibility_expiry(conn):
+    await queues.create(conn, "q.fifo")
+    await messages.send_batch(conn, "q.fifo", [fifo(f"m{i}", "g") for i in range(3)])
+    got = await messages.receive(conn, "q.fifo", qty=2, vt=0)  # received, visible again at once
+    assert [m.body for m in got] == ["m0", "m1"]
+    again = await messages.receive(conn, "q.fifo", qty=10, vt=60)
+    assert [m.body for m in again] == ["m0", "m1", "m2"]
+
+
+async def test_deduplication_within_five_minutes(conn):
+    await queues.create(conn, "q.fifo")
+    first = await messages.send(conn, "q.fifo", fifo("x", "g", "d1"))
+    dup = await messages.send(conn, "q.fifo", fifo("other body", "g", "d1"))
+    assert dup == first
+    ids = await messages.send_batch(conn, "q.fifo", [fifo("y", "g", "d2"), fifo("y again", "g", "d2")])
+    assert ids[0] == ids[1]
+    assert [m.body for m in await messages.peek(conn, "q.fifo")] == ["x", "y"]
+    await conn.execute("UPDATE conveyor.dedup SET expires_at = now() - interval '1 second'")
+    assert await messages.send(conn, "q.fifo", fifo("x", "g", "d1")) != first
+
+
+async def test_content_based_deduplication(conn):
+    await queues.create(conn, "cbd.fifo", {"content_based_deduplication": True})
+    a = await messages.send(conn, "cbd.fifo", M("same", group_id="g"))
+    b = await messages.send(conn, "cbd.fifo", M("same", group_id="h"))
+    c = await messages.send(conn, "cbd.fifo", M("different", group_id="g"))
+    assert a == b != c
+    await queues.create(conn, "plain.fifo")
+    with pytest.raises(errors.InvalidInput, match="dedup_id"):
+        await messages.send(conn, "plain.fifo", M("x", group_id="g"))
+
+
+@pytest.mark.parametrize("msg, fragment", [
+    (M("x", dedup_id="d"), "group_id"),
+    (M("x", group_id="", dedup_id="d"), "group_id"),
+    (M("x", group_id="g" * 129, dedup_id="d"), "group_id"),
+    (M("x", group_id="g", dedup_id="d", delay=5), "delay"),
+    (M("x", group_id="g", dedup_id="bad id"), "dedup_id"),
+])
+async def test_fifo_validation(conn, msg, fragment):
+    await queues.create(conn, "q.fifo")
+    with pytest.raises(errors.InvalidInput, match=fragment):
+        await messages.send(conn, "q.fifo", msg)
+
+
+async def test_fifo_dead_letter_unblocks_the_group(conn):
+    await queues.create(conn, "dlq.fifo")
+    await queues.create(conn, "q.fifo", {"max_receive_count": 1, "dead_letter_queue": "dlq.fifo"})
+    await messages.send_batch(conn, "q.fifo", [fifo("poison", "g"), fifo("next", "g")])
+    [m] = await messages.receive(conn, "q.fifo", qty=1, vt=0)
+    assert m.body == "poison"
+    got = await messages.receive(conn, "q.fifo", qty=10, vt=60)
+    assert [m.body for m in got] == ["next"]
+    [dead] = await messages.receive(conn, "dlq.fifo")
+    assert (dead.body, dead.group_id) == ("poison", "g")
+
+
+async def test_purge_then_send_again(conn):
+    await queues.create(conn, "q.fifo")
+    await messages.send(conn, "q.fifo", fifo("a", "g"))
+    assert await queues.purge(conn, "q.fifo") == 1
+    await messages.send(conn, "q.fifo", fifo("b", "g"))
+    assert [m.body for m in await messages.receive(conn, "q.fifo")] == ["b"]
+
+
+async def test_clean_up_removes_empty_groups_only(conn):
+    await queues.create(conn, "q.fifo")
+    [a, _] = await messages.send_batch(conn, "q.fifo", [fifo("a", "ga"), fifo("b", "gb")])
+    await messages.delete(conn, "q.fifo", [a])
+    assert (await queues.maintenance(conn))["empty_groups"] == 1
+    assert [m.body for m in await messages.receive(conn, "q.fifo")] == ["b"]

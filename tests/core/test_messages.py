@@ -1,0 +1,202 @@
+"""Message operations against a real PostgreSQL: the SQL API's semantics."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conveyor import errors, types
+from conveyor.core import messages, queues
+
+M = types.OutgoingMessage
+
+
+async def _age(conn, queue: str, seconds: int) -> None:
+    """Pretend every message of a queue became visible ``seconds`` ago (tests only)."""
+    await conn.execute(
+        "UPDATE conveyor.messages SET vt = now() - make_interval(secs => %s) "
+        "WHERE queue_id = (SELECT id FROM conveyor.queues WHERE name = %s)", (seconds, queue))
+
+
+async def test_send_receive_delete(conn):
+    await queues.create(conn, "jobs")
+    mid = await messages.send(conn, "jobs", M("hello", headers={"k": "v"}))
+    [got] = await messages.receive(conn, "jobs", vt=30)
+    assert (got.id, got.body, got.headers, got.receive_count) == (mid, "hello", {"k": "v"}, 1)
+    assert got.first_received_at is not None and got.vt > got.sent_at
+    assert await messages.receive(conn, "jobs") == []  # invisible now
+    assert await messages.delete(conn, "jobs", [mid, 999]) == [mid]
+    assert await messages.delete(conn, "jobs", [mid]) == []
+
+
+async def test_bodies_are_stored_byte_exact(conn):
+    await queues.create(conn, "jobs")
+    bodies = ["  padded  \n", "emoji 🎉 and ünïcödé", '{"a": 1,   "b":[ ]}', "\t\r\n", "x" * 200_000,
+              "quotes ' \" \\ $$ %s %(x)s"]
+    ids = await messages.send_batch(conn, "jobs", [M(b) for b in bodies])
+    got = await messages.receive(conn, "jobs", qty=10)
+    assert [m.id for m in got] == ids
+    assert [m.body for m in got] == bodies
+
+
+async def test_nul_characters_are_rejected_cleanly(conn):
+    await queues.create(conn, "jobs")
+    with pytest.raises(errors.InvalidInput):
+        await messages.send(conn, "jobs", M("a\x00b"))
+    assert (await queues.metrics(conn, "jobs")).total_messages == 0
+
+
+async def test_batch_ids_in_order_and_in_one_statement(conn):
+    await queues.create(conn, "jobs")
+    ids = await messages.send_batch(conn, "jobs", [M(str(i), headers={"i": i}) for i in range(100)])
+    assert ids == sorted(ids) and len(set(ids)) == 100
+    got = await messages.receive(conn, "jobs", qty=100)
+    assert [m.headers["i"] for m in got] == list(range(100))
+
+
+async def test_message_too_large(conn):
+    await queues.create(conn, "small", {"max_message_size": 1024})
+    await messages.send(conn, "small", M("x" * 1024))
+    with pytest.raises(errors.MessageTooLarge):
+        await messages.send(conn, "small", M("x" * 1025))
+    with pytest.raises(errors.MessageTooLarge):  # headers count too, and nothing of the batch is stored
+        await messages.send_batch(conn, "small", [M("ok"), M("x" * 1000, headers={"pad": "y" * 100})])
+    assert (await queues.metrics(conn, "small")).queue_length == 1
+
+
+async def test_unknown_queue(conn):
+    for call in (messages.send(conn, "nope", M("x")), messages.receive(conn, "nope"),
+                 messages.delete(conn, "nope", [1]), messages.peek(conn, "nope")):
+        with pytest.raises(errors.QueueNotFound, match="nope"):
+            await call
+
+
+async def test_delay_per_message_and_per_queue(conn):
+    await queues.create(conn, "slow", {"delay_seconds": 60})
+    await messages.send(conn, "slow", M("queue delay"))
+    await messages.send(conn, "slow", M("no delay", delay=0))
+    assert [m.body for m in await messages.receive(conn, "slow", qty=10)] == ["no delay"]
+    with pytest.raises(errors.InvalidInput, match="delay"):
+        await messages.send(conn, "slow", M("x", delay=901))
+
+
+async def test_visibility_timeout_expires_and_receive_count_grows(conn):
+    await queues.create(conn, "jobs", {"visibility_timeout": 60})
+    mid = await messages.send(conn, "jobs", M("x"))
+    await messages.receive(conn, "jobs")
+    assert await messages.receive(conn, "jobs") == []
+    await _age(conn, "jobs", 1)
+    [again] = await messages.receive(conn, "jobs", vt=0)
+    assert (again.id, again.receive_count) == (mid, 2)
+    [third] = await messages.receive(conn, "jobs")  # vt=0 made it visible at once
+    assert third.receive_count == 3
+
+
+async def test_receive_validates_arguments(conn):
+    await queues.create(conn, "jobs")
+    for kwargs in ({"qty": 0}, {"qty": 1001}, {"vt": -1}, {"vt": 43201}, {"wait": -1}):
+        with pytest.raises(errors.InvalidInput):
+            await messages.receive(conn, "jobs", **kwargs)
+
+
+async def test_receive_with_wait_polls_inside_the_database(conn):
+    await queues.create(conn, "jobs")
+    started = time.monotonic()
+    assert await messages.receive(conn, "jobs", wait=1) == []
+    assert time.monotonic() - started >= 0.9
+
+
+async def test_set_vt_single_batch_and_in_flight_only(conn):
+    await queues.create(conn, "jobs")
+    a, b = await messages.send_batch(conn, "jobs", [M("a"), M("b")])
+    await messages.receive(conn, "jobs", qty=1, vt=300)  # a in flight
+    changed = await messages.set_vt(conn, "jobs", [a, b], 0, in_flight_only=True)
+    assert [m.id for m in changed] == [a]
+    assert [m.id for m in await messages.receive(conn, "jobs", qty=10, vt=300)] == [a, b]
+    [m] = await messages.set_vt(conn, "jobs", [b], 100)
+    assert m.vt > m.sent_at
+    assert await messages.set_vt(conn, "jobs", [12345], 10) == []
+    with pytest.raises(errors.InvalidInput):
+        await messages.set_vt(conn, "jobs", [a], 43201)
+
+
+async def test_archive_and_pop_and_peek(conn):
+    await queues.create(conn, "jobs")
+    ids = await messages.send_batch(conn, "jobs", [M(str(i)) for i in range(4)])
+    peeked = await messages.peek(conn, "jobs", qty=10)
+    assert [m.id for m in peeked] == ids and all(m.receive_count == 0 for m in peeked)
+    assert [m.id for m in await messages.peek(conn, "jobs", qty=2, after_id=ids[0])] == ids[1:3]
+    assert await messages.archive(conn, "jobs", ids[:2]) == ids[:2]
+    popped = await messages.pop(conn, "jobs", qty=1)
+    assert [m.body for m in popped] == ["2"]
+    assert [m.id for m in await messages.peek(conn, "jobs")] == [ids[3]]
+    cur = await conn.execute("SELECT id, outcome FROM conveyor.archive ORDER BY id")
+    assert await cur.fetchall() == [(ids[0], "completed"), (ids[1], "completed")]
+
+
+async def test_fail_goes_to_archive_without_dead_letter_queue(conn):
+    await queues.create(conn, "jobs")
+    mid = await messages.send(conn, "jobs", M("x"))
+    assert await messages.fail(conn, "jobs", mid, "boom") is True
+    assert await messages.fail(conn, "jobs", mid, "boom") is False
+    cur = await conn.execute("SELECT outcome, error FROM conveyor.archive WHERE id = %s", (mid,))
+    assert await cur.fetchone() == ("failed", "boom")
+
+
+async def test_fail_goes_to_dead_letter_queue(conn):
+    await queues.create(conn, "dlq")
+    await queues.create(conn, "jobs", {"max_receive_count": 5, "dead_letter_queue": "dlq"})
+    mid = await messages.send(conn, "jobs", M("x", headers={"h": 1}))
+    await messages.fail(conn, "jobs", mid)
+    [dead] = await messages.peek(conn, "dlq")
+    assert (dead.body, dead.headers, dead.receive_count) == ("x", {"h": 1}, 0)
+    cur = await conn.execute("SELECT id FROM conveyor.queues WHERE name = 'jobs'")
+    assert dead.source_queue_id == (await cur.fetchone())[0]
+
+
+async def test_max_receive_count_moves_to_dead_letter_queue(conn):
+    await queues.create(conn, "dlq")
+    await queues.create(conn, "jobs", {"max_receive_count": 2, "dead_letter_queue": "dlq"})
+    await messages.send(conn, "jobs", M("poison"))
+    for expected in (1, 2):
+        [m] = await messages.receive(conn, "jobs", vt=0)
+        assert m.receive_count == expected
+    assert await messages.receive(conn, "jobs", vt=0) == []  # third receive: moved instead
+    [dead] = await messages.receive(conn, "dlq")
+    assert dead.body == "poison" and dead.receive_count == 1
+    assert (await queues.metrics(conn, "jobs")).queue_length == 0
+
+
+async def test_max_receive_count_without_dead_letter_queue_fails_the_message(conn):
+    await queues.create(conn, "jobs", {"max_receive_count": 1})
+    mid = await messages.send(conn, "jobs", M("x"))
+    await messages.receive(conn, "jobs", vt=0)
+    assert await messages.receive(conn, "jobs") == []
+    cur = await conn.execute("SELECT outcome, receive_count FROM conveyor.archive WHERE id = %s", (mid,))
+    assert await cur.fetchone() == ("failed", 1)
+
+
+async def test_json_content_type_round_trips(conn):
+    await queues.create(conn, "jobs")
+    await messages.send(conn, "jobs", M('{"a":1}', content_type=types.JSON_CONTENT_TYPE))
+    [m] = await messages.receive(conn, "jobs")
+    assert m.is_json and m.body == '{"a":1}'
+
+
+async def test_group_and_dedup_ids_only_on_fifo(conn):
+    await queues.create(conn, "jobs")
+    with pytest.raises(errors.InvalidInput, match="FIFO"):
+        await messages.send(conn, "jobs", M("x", group_id="g"))
+
+
+async def test_retention_clean_up(conn):
+    await queues.create(conn, "jobs", {"retention_seconds": 60})
+    old, new = await messages.send_batch(conn, "jobs", [M("old"), M("new")])
+    await messages.archive(conn, "jobs", [await messages.send(conn, "jobs", M("archived"))])
+    await conn.execute("UPDATE conveyor.messages SET sent_at = now() - interval '2 minutes' WHERE id = %s", (old,))
+    await conn.execute("UPDATE conveyor.archive SET archived_at = now() - interval '2 minutes'")
+    report = await queues.maintenance(conn)
+    assert report["expired_messages"] == 1 and report["expired_archive"] == 1
+    assert [m.id for m in await messages.peek(conn, "jobs")] == [new]
+    assert (await queues.maintenance(conn))["expired_messages"] == 0
