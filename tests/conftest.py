@@ -78,3 +78,35 @@ def dsn(template_db: str) -> Iterator[str]:
 async def conn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection]:
     async with pool.connect(dsn) as c:
         yield c
+
+
+# -- a real server process -------------------------------------------------------------
+
+from support.server import ServerProcess  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def module_dsn(template_db: str) -> Iterator[str]:
+    name = unique_name("conveyor_m")
+    yield create_database(name, template=template_db)
+    drop_database(name)
+
+
+@pytest.fixture(scope="module")
+def server(module_dsn: str) -> Iterator[ServerProcess]:
+    """One server per test module (default settings: header auth, fusion on)."""
+    proc = ServerProcess(module_dsn).start()
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    with server.client() as client:
+        yield client
+
+
+@pytest.fixture
+def queue_name() -> str:
+    """A queue name no other test uses."""
+    return unique_name("q")

@@ -64,6 +64,12 @@ class Database:
                 self._check_soon()
             raise
 
+    async def ping(self, timeout: float) -> None:
+        """Raise unless a pooled connection answers within ``timeout`` seconds."""
+        async with self.connection(timeout=timeout) as conn:
+            with execute.translated():
+                await conn.execute("SELECT 1")
+
     def _check_soon(self) -> None:
         if self._checking is None or self._checking.done():
             self._checking = asyncio.get_running_loop().create_task(self._check())

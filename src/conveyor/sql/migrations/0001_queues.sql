@@ -755,8 +755,9 @@ BEGIN
     IF qty IS NULL OR qty < 1 OR qty > 1000 THEN
         PERFORM conveyor._raise('CVV01', format('qty must be from 1 to 1000, got %s', qty));
     END IF;
-    IF wait_seconds IS NULL OR wait_seconds < 0 OR wait_seconds > 3600 THEN
-        PERFORM conveyor._raise('CVV01', format('wait_seconds must be from 0 to 3600, got %s', wait_seconds));
+    -- bounded: the call holds its snapshot (and so vacuum's horizon) while it waits
+    IF wait_seconds IS NULL OR wait_seconds < 0 OR wait_seconds > 60 THEN
+        PERFORM conveyor._raise('CVV01', format('wait_seconds must be from 0 to 60, got %s', wait_seconds));
     END IF;
     deadline := clock_timestamp() + make_interval(secs => wait_seconds);
     LOOP

@@ -1,0 +1,58 @@
+"""Where CLI commands get their database: ``--database-url`` / ``DATABASE_URL``, else the
+embedded cluster (started for the command if no server is running it, stopped after)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from conveyor import errors
+from conveyor.db import embedded, pool
+from conveyor.settings import Settings
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def database_url(settings: Settings) -> Iterator[str]:
+    """The DSN to use, running the embedded cluster for the duration if needed."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    try:
+        cluster = embedded.EmbeddedPostgres(Path(settings.data_dir) if settings.data_dir else None)
+        dsn = cluster.start()
+    except embedded.EmbeddedError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        yield dsn
+    finally:
+        cluster.stop()
+
+
+def run(settings: Settings, action: Callable[[Any], Awaitable[T]], *, migrate: bool = True) -> T:
+    """Run ``action(conn)`` on one connection, Conveyor errors shown as CLI errors."""
+
+    async def go(dsn: str) -> T:
+        async with pool.connect(dsn) as conn:
+            if migrate and not settings.database_url:
+                from conveyor.db import migrate as migrations
+                await migrations.migrate(conn)
+            return await action(conn)
+
+    with database_url(settings) as dsn:
+        try:
+            return asyncio.run(go(dsn))
+        except errors.ConveyorError as exc:
+            raise click.ClickException(exc.message) from None
+
+
+@contextlib.asynccontextmanager
+async def connection(dsn: str) -> AsyncIterator[Any]:
+    async with pool.connect(dsn) as conn:
+        yield conn

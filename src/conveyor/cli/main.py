@@ -1,0 +1,62 @@
+"""``conveyor``: serve, manage the schema, queues and messages from the shell."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+import conveyor
+from conveyor.settings import Settings
+
+
+class Context:
+    """Options shared by every command (environment first, flags override)."""
+
+    def __init__(self, database_url: str | None, data_dir: str | None, as_json: bool) -> None:
+        self.overrides = {"database_url": database_url, "data_dir": data_dir}
+        self.as_json = as_json
+
+    def settings(self, **more: object) -> Settings:
+        try:
+            return Settings.from_env(**self.overrides, **more)
+        except ValueError as exc:
+            raise click.ClickException(f"configuration: {exc}") from None
+
+
+@click.group(name="conveyor", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--database-url", envvar="DATABASE_URL", metavar="DSN",
+              help="PostgreSQL to use [env DATABASE_URL]. Without it Conveyor runs its own "
+                   "embedded cluster in --data-dir.")
+@click.option("--data-dir", envvar="CONVEYOR_DATA_DIR", metavar="DIR",
+              help="Directory of the embedded cluster [env CONVEYOR_DATA_DIR].")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables (for scripts).")
+@click.version_option(conveyor.__version__, prog_name="conveyor")
+@click.pass_context
+def cli(ctx: click.Context, database_url: str | None, data_dir: str | None, as_json: bool) -> None:
+    """Conveyor: a PostgreSQL-native message broker (SQS-style queues over REST and SQL)."""
+    ctx.obj = Context(database_url, data_dir, as_json)
+
+
+def _register() -> None:
+    from conveyor.cli import db, messages, queues, serve, status
+
+    cli.add_command(serve.serve)
+    cli.add_command(db.db)
+    cli.add_command(queues.queues)
+    cli.add_command(messages.send)
+    cli.add_command(messages.receive)
+    cli.add_command(messages.peek)
+    cli.add_command(status.status)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    _register()
+    cli(prog_name="conveyor")
+
+
+if __name__ == "__main__":
+    main()

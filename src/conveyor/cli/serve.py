@@ -1,0 +1,37 @@
+"""``conveyor serve``."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from conveyor.cli import context
+
+log = logging.getLogger("conveyor.serve")
+
+
+@click.command()
+@click.option("--host", envvar="CONVEYOR_HOST", default=None, help="Bind address [env CONVEYOR_HOST; default 127.0.0.1].")
+@click.option("--port", envvar="CONVEYOR_PORT", type=int, default=None, help="Port [env CONVEYOR_PORT; default 9324].")
+@click.option("--auth", "auth_mode", envvar="CONVEYOR_AUTH", type=click.Choice(["none", "header", "token"]),
+              default=None, help="Authentication [env CONVEYOR_AUTH; default header: any Authorization header].")
+@click.option("--fusion/--no-fusion", default=None, help="Fuse concurrent sends into one SQL call [env CONVEYOR_FUSION].")
+@click.option("--migrate/--no-migrate", default=None, help="Apply pending migrations at start [env CONVEYOR_MIGRATE; default on].")
+@click.option("--log-level", envvar="CONVEYOR_LOG_LEVEL", default=None,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]), help="Log level.")
+@click.pass_obj
+def serve(obj, host, port, auth_mode, fusion, migrate, log_level) -> None:  # noqa: ANN001
+    """Run the server (REST API, health, metrics) until SIGTERM or Ctrl-C.
+
+    Without DATABASE_URL it starts (and on exit stops) Conveyor's embedded PostgreSQL."""
+    from conveyor.server import run
+
+    settings = obj.settings(host=host, port=port, auth_mode=auth_mode, fusion=fusion, migrate=migrate,
+                            log_level=log_level)
+    logging.getLogger().setLevel(settings.log_level.upper())
+    with context.database_url(settings) as dsn:
+        where = "DATABASE_URL" if settings.database_url else "the embedded cluster"
+        log.info("conveyor serving on http://%s:%s (database: %s)", settings.host, settings.port, where)
+        if not run.serve(settings, dsn):
+            raise click.ClickException("the server did not start (see the log above)")

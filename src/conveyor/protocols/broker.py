@@ -1,0 +1,33 @@
+"""What protocol handlers need from the running server, as an interface.
+
+The server implements it (``conveyor.server.broker``) with request fusion, long-poll
+waiters and metrics; protocols depend only on this shape, never on the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from conveyor import types
+
+
+class Broker(Protocol):
+    def connection(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A pooled autocommit connection for core ops."""
+
+    async def send(self, queue: str, messages: Sequence[types.OutgoingMessage]) -> list[int]:
+        """Send and return ids once committed (possibly fused with other requests)."""
+
+    async def receive(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
+        """Receive, long-polling up to ``params.wait`` without holding a connection."""
+
+    async def delete(self, queue: str, ids: Sequence[int]) -> list[int]: ...
+
+    async def archive(self, queue: str, ids: Sequence[int]) -> list[int]: ...
+
+    async def fail(self, queue: str, message_id: int, reason: str | None) -> bool: ...
+
+    async def set_vt(self, queue: str, ids: Sequence[int], vt: int,
+                     in_flight_only: bool = False) -> list[types.Message]: ...

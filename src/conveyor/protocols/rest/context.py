@@ -1,0 +1,11 @@
+"""Where REST handlers find the broker: on the app's state, put there by the server."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from conveyor.protocols.broker import Broker
+
+
+def broker(request: Request) -> Broker:
+    return request.app.state.broker

@@ -1,0 +1,105 @@
+"""The OpenAPI 3.1 document, generated from the endpoint table and the pydantic models."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel
+
+from conveyor.protocols.rest import models
+
+_REF = "#/components/schemas/{model}"
+_PATH_PARAMS = {
+    "name": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,80}$|^[A-Za-z0-9_-]{1,75}\.fifo$"},
+    "id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+}
+_ARRAY_RESPONSES = {("GET", "/queues"), ("GET", "/queues/{name}/messages")}
+
+# OpenAPI links: what a created queue or message leads to (lets clients and stateful
+# testers chain calls).
+_QUEUE_OPS = ["get_queue", "alter_queue", "delete_queue", "purge_queue", "send", "receive", "delete_batch"]
+_MESSAGE_OPS = ["delete_one", "change_visibility", "complete", "fail"]
+_LINKS = {
+    ("POST", "/queues", 201): {op: {"operationId": op, "parameters": {"name": "$response.body#/name"}}
+                               for op in _QUEUE_OPS},
+    ("POST", "/queues/{name}/messages", 201): {
+        op: {"operationId": op, "parameters": {"name": "$request.path.name", "id": "$response.body#/id"}}
+        for op in _MESSAGE_OPS},
+}
+
+
+def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
+    schema = model.model_json_schema(ref_template=_REF)
+    components.update(schema.pop("$defs", {}))
+    components[model.__name__] = schema
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    schema = model.model_json_schema(ref_template=_REF)
+    return [{"name": name, "in": "query", "required": False, "schema": prop,
+             "description": prop.get("description", "")}
+            for name, prop in schema["properties"].items()]
+
+
+def _operation(e: Any, components: dict[str, Any]) -> dict[str, Any]:
+    params = [{"name": p, "in": "path", "required": True, "schema": _PATH_PARAMS[p]}
+              for p in re.findall(r"{(\w+)}", e.path)]
+    if e.query is not None:
+        params += _query_parameters(e.query)
+    op: dict[str, Any] = {
+        "operationId": e.handler.__name__,
+        "summary": e.summary,
+        "parameters": params,
+        "security": [{"authorization": []}],
+        "responses": {},
+    }
+    if e.body is not None:
+        body_schema = _schema(e.body, components)
+        if e.body is models.MessageIn:
+            body_schema = {"oneOf": [body_schema, _schema(models.SendBatch, components)]}
+        op["requestBody"] = {"required": e.body_required,
+                             "content": {"application/json": {"schema": body_schema}}}
+    for status, model in sorted(e.responses.items()):
+        response: dict[str, Any] = {"description": _describe(status)}
+        if model is not None:
+            schema = _schema(model, components)
+            if status == 200 and (e.method, e.path) in _ARRAY_RESPONSES:
+                schema = {"type": "array", "items": schema}
+            if model is models.Sent:
+                schema = {"oneOf": [schema, _schema(models.SentBatch, components)]}
+            response["content"] = {"application/json": {"schema": schema}}
+        if (e.method, e.path, status) in _LINKS:
+            response["links"] = _LINKS[(e.method, e.path, status)]
+        op["responses"][str(status)] = response
+    for status in (400, 403, 503):
+        op["responses"].setdefault(str(status), {
+            "description": _describe(status),
+            "content": {"application/json": {"schema": _schema(models.Error, components)}}})
+    return op
+
+
+def _describe(status: int) -> str:
+    return {200: "OK", 201: "Created", 204: "No content", 400: "Invalid request",
+            403: "Missing credentials or insufficient role", 404: "Not found",
+            409: "Conflict", 413: "Too large", 503: "Database unavailable"}.get(status, "Response")
+
+
+def document(endpoints: list[Any], version: str) -> dict[str, Any]:
+    components: dict[str, Any] = {}
+    paths: dict[str, Any] = {}
+    for e in endpoints:
+        paths.setdefault("/v1" + e.path, {})[e.method.lower()] = _operation(e, components)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Conveyor REST API", "version": version,
+                 "description": "Queues and messages on PostgreSQL. See docs/rest-api.md."},
+        "paths": paths,
+        "components": {
+            "schemas": dict(sorted(components.items())),
+            "securitySchemes": {"authorization": {
+                "type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "Any value in `header` mode; `Bearer <token>` in `token` mode"}},
+        },
+    }

@@ -1,0 +1,56 @@
+"""REST handlers for queues: /v1/queues and /v1/queues/{name}."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from conveyor.core import queues
+from conveyor.protocols.rest import models, render
+from conveyor.protocols.rest import request as req
+from conveyor.protocols.rest.context import broker
+
+
+async def list_queues(request: Request) -> Response:
+    prefix = request.query_params.get("prefix")
+    async with broker(request).connection() as conn:
+        found = await queues.list_all(conn, prefix)
+    return render.json([render.queue(q) for q in found])
+
+
+async def create_queue(request: Request) -> Response:
+    spec = await req.body(request, models.QueueCreate)
+    attributes = spec.model_dump(exclude_unset=True, exclude={"name"})
+    async with broker(request).connection() as conn:
+        q = await queues.create(conn, spec.name, attributes)
+    return render.json(render.queue(q), 201, headers={"Location": f"/v1/queues/{q.name}"})
+
+
+async def get_queue(request: Request) -> Response:
+    name = req.queue_name(request)
+    async with broker(request).connection() as conn:
+        q = await queues.get(conn, name)
+        m = await queues.metrics(conn, name)
+    return render.json(render.queue_detail(q, m))
+
+
+async def alter_queue(request: Request) -> Response:
+    attributes = (await req.body(request, models.QueueAttributes)).model_dump(exclude_unset=True)
+    async with broker(request).connection() as conn:
+        q = await queues.alter(conn, req.queue_name(request), attributes)
+    return render.json(render.queue(q))
+
+
+async def delete_queue(request: Request) -> Response:
+    async with broker(request).connection() as conn:
+        dropped = await queues.drop(conn, req.queue_name(request))
+    if not dropped:
+        return render.json({"error": f"queue {req.queue_name(request)!r} does not exist",
+                            "code": "QueueNotFound"}, 404)
+    return Response(status_code=204)
+
+
+async def purge_queue(request: Request) -> Response:
+    async with broker(request).connection() as conn:
+        n = await queues.purge(conn, req.queue_name(request))
+    return render.json({"deleted": n})

@@ -1,0 +1,59 @@
+"""Reading REST requests: JSON bodies, query strings and path values, validated against
+the models, every problem reported as ``InvalidInput`` naming the field."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import orjson
+import pydantic
+from starlette.requests import Request
+
+from conveyor import errors
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+def _describe(exc: pydantic.ValidationError) -> str:
+    problems = []
+    for e in exc.errors(include_url=False)[:5]:
+        where = ".".join(str(p) for p in e["loc"]) or "body"
+        problems.append(f"{where}: {e['msg']}")
+    return "; ".join(problems)
+
+
+def validate(model: type[M], data: Any) -> M:
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise errors.InvalidInput(f"invalid request: {_describe(exc)}") from None
+
+
+async def body(request: Request, model: type[M]) -> M:
+    raw = await request.body()
+    if not raw:
+        raise errors.InvalidInput("invalid request: a JSON body is required")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise errors.InvalidInput(f"invalid request: the body is not valid JSON ({exc.msg})") from None
+    return validate(model, data)
+
+
+def query(request: Request, model: type[M]) -> M:
+    return validate(model, dict(request.query_params))
+
+
+def message_id(request: Request) -> int:
+    raw = request.path_params["id"]
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 2**63 - 1 or not raw.isdigit():
+        raise errors.InvalidInput(f"invalid message id {raw[:40]!r}: expected a positive integer")
+    return value
+
+
+def queue_name(request: Request) -> str:
+    return request.path_params["name"]

@@ -1,0 +1,89 @@
+"""Assembles the ASGI application: routes, middleware, lifespan (pool, migrations,
+broker, workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route
+
+import conveyor
+from conveyor import errors
+from conveyor.db import migrate
+from conveyor.db.pool import Database
+from conveyor.protocols.rest import render
+from conveyor.protocols.rest import routes as rest
+from conveyor.server import health, middleware, workers
+from conveyor.server.broker import ServerBroker
+from conveyor.server.metrics import Metrics
+from conveyor.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return render.error(errors.InternalError("internal error"))
+
+
+async def _startup(settings: Settings, database: Database, open_timeout: float) -> None:
+    await database.open(wait=True, timeout=open_timeout)
+    if settings.migrate:
+        async with database.connection() as conn:
+            applied = await migrate.migrate(conn)
+        for m in applied:
+            log.info("applied migration %04d_%s", m.version, m.name)
+
+
+def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> Starlette:
+    database = Database(dsn, min_size=settings.pool_min, max_size=settings.pool_max)
+    metrics = Metrics()
+    metrics.watch_pool(database.stats)
+    broker = ServerBroker(settings, database, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await _startup(settings, database, open_timeout)
+        await broker.start()
+        tasks = workers.start(database, metrics, maintenance_interval=settings.maintenance_interval,
+                              depth_interval=settings.depth_scrape_interval)
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await broker.stop()
+            await database.close()
+
+    v1 = rest.app(broker, conveyor.__version__)
+    v1.add_exception_handler(Exception, _internal_error)
+    app = Starlette(
+        routes=[
+            Route("/livez", health.livez, methods=["GET"]),
+            Route("/readyz", health.readyz, methods=["GET"]),
+            Route("/metrics", health.metrics, methods=["GET"]),
+            Mount("/v1", v1),
+        ],
+        middleware=[
+            Middleware(middleware.Telemetry, metrics=metrics),
+            Middleware(middleware.BodyLimit, limit=settings.max_request_bytes),
+            Middleware(middleware.Auth, mode=settings.auth_mode, tokens=settings.auth_tokens),
+        ],
+        exception_handlers={Exception: _internal_error, HTTPException: rest.http_error},
+        lifespan=lifespan,
+    )
+    app.state.version = conveyor.__version__
+    app.state.database = database
+    app.state.metrics = metrics
+    app.state.broker = broker
+    app.state.settings = settings
+    return app

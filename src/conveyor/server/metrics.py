@@ -1,0 +1,92 @@
+"""Prometheus metrics with seed 000's families (http_*, queue_*, db_pool_*), one registry
+per app so that several apps in one process (tests) do not collide."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from conveyor import types
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_DB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+_AGE_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+_BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+class _PoolCollector:
+    def __init__(self, stats: Callable[[], object]) -> None:
+        self._stats = stats
+
+    def collect(self):  # noqa: ANN201 - prometheus collector protocol
+        s = self._stats()
+        for name, doc, value in (("db_pool_size", "Database connections (idle + active)", s.size),
+                                 ("db_pool_idle", "Idle database connections", s.idle),
+                                 ("db_pool_active", "Checked-out database connections", s.active)):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+        c = CounterMetricFamily("db_pool_acquire_timeouts", "Pool exhaustion errors")
+        c.add_metric([], s.acquire_timeouts)
+        yield c
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.http_requests = Counter("http_requests_total", "Requests completed",
+                                     ["method", "path", "status"], registry=r)
+        self.http_duration = Histogram("http_request_duration_seconds", "Request latency",
+                                       ["method", "path"], buckets=_HTTP_BUCKETS, registry=r)
+        self.http_active = Gauge("http_connections_active", "Requests in flight", registry=r)
+        self.sent = Counter("queue_messages_sent_total", "Messages enqueued", ["queue"], registry=r)
+        self.received = Counter("queue_messages_received_total", "Messages delivered", ["queue"], registry=r)
+        self.deleted = Counter("queue_messages_deleted_total", "Messages acknowledged (deleted or archived)",
+                               ["queue"], registry=r)
+        self.redelivered = Counter("queue_messages_redelivered_total",
+                                   "Messages delivered again after a visibility timeout ran out", ["queue"], registry=r)
+        self.send_duration = Histogram("queue_message_send_duration_seconds", "Send latency (database)",
+                                       ["queue"], buckets=_DB_BUCKETS, registry=r)
+        self.receive_duration = Histogram("queue_message_receive_duration_seconds", "Receive latency (database)",
+                                          ["queue"], buckets=_DB_BUCKETS, registry=r)
+        self.delete_duration = Histogram("queue_message_delete_duration_seconds", "Delete latency (database)",
+                                         ["queue"], buckets=_DB_BUCKETS, registry=r)
+        self.age_at_receive = Histogram("queue_message_age_at_receive_seconds", "Age at first delivery",
+                                        ["queue"], buckets=_AGE_BUCKETS, registry=r)
+        self.fusion_batch = Histogram("queue_coalescer_flush_batch_size", "Messages per fused send",
+                                      buckets=_BATCH_BUCKETS, registry=r)
+        self.depth = Gauge("queue_depth", "Visible messages (refreshed by the depth scrape)", ["queue"], registry=r)
+        self.in_flight = Gauge("queue_in_flight", "Received, not yet visible again", ["queue"], registry=r)
+        self.delayed = Gauge("queue_delayed", "Sent with a delay that has not run out", ["queue"], registry=r)
+        self.long_pollers = Gauge("queue_long_pollers", "Receives waiting for messages", registry=r)
+
+    def watch_pool(self, stats: Callable[[], object]) -> None:
+        self.registry.register(_PoolCollector(stats))
+
+    def record_received(self, queue: str, received: list[types.Message]) -> None:
+        if not received:
+            return
+        self.received.labels(queue).inc(len(received))
+        now = time.time()
+        for m in received:
+            if m.receive_count > 1:
+                self.redelivered.labels(queue).inc()
+            else:
+                self.age_at_receive.labels(queue).observe(max(now - m.sent_at.timestamp(), 0.0))
+
+    def set_depths(self, rows: list[types.QueueMetrics]) -> None:
+        for gauge in (self.depth, self.in_flight, self.delayed):
+            gauge.clear()
+        for m in rows:
+            self.depth.labels(m.queue_name).set(m.queue_length)
+            self.in_flight.labels(m.queue_name).set(m.in_flight)
+            self.delayed.labels(m.queue_name).set(m.delayed)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,134 @@
+"""Pure ASGI middleware: request metrics, authentication, request size limits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from conveyor.server.metrics import Metrics
+
+OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/v1/openapi.json"})
+
+
+async def _reply(send: Send, status: int, error: str, code: str) -> None:
+    body = orjson.dumps({"error": error, "code": code})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _route_label(scope: Scope) -> str:
+    route = scope.get("route")
+    template = getattr(route, "path", None)
+    if template is None:
+        return "unmatched"
+    return scope.get("root_path", "") + template
+
+
+class Telemetry:
+    """http_requests_total, http_request_duration_seconds, http_connections_active."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        started = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.http_active.inc()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.metrics.http_active.dec()
+            path = _route_label(scope)
+            method = scope["method"]
+            self.metrics.http_requests.labels(method, path, str(status)).inc()
+            self.metrics.http_duration.labels(method, path).observe(time.perf_counter() - started)
+
+
+class Auth:
+    """``none``: everyone may do everything. ``header``: an Authorization header must be
+    present (any value, as seed 000). ``token``: ``Authorization: Bearer <token>`` with a
+    configured token; its role (read/write/admin) is left in the scope for the handlers.
+    Failures are 403; health and metrics stay open."""
+
+    def __init__(self, app: ASGIApp, mode: str, tokens: Mapping[str, str]) -> None:
+        self.app = app
+        self.mode = mode
+        self.tokens = dict(tokens)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.mode == "none" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        if header is None:
+            await _reply(send, 403, "missing Authorization header", "Unauthorized")
+            return
+        if self.mode == "token":
+            scheme, _, token = header.decode("latin-1").partition(" ")
+            role = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+            if role is None:
+                await _reply(send, 403, "unknown or malformed bearer token", "Unauthorized")
+                return
+            scope["conveyor.role"] = role
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """Reject request bodies over ``limit`` bytes with 413, whether announced by
+    Content-Length or discovered while streaming."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await _reply(send, 413, f"request body larger than {self.limit} bytes", "RequestTooLarge")
+            return
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await _reply(send, 413, f"request body larger than {self.limit} bytes", "RequestTooLarge")
+
+
+class _TooLarge(Exception):
+    pass

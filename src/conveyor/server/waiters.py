@@ -1,0 +1,161 @@
+"""Long polling without holding database connections.
+
+A receive that finds nothing registers a waiter and sleeps on an asyncio event. One
+LISTEN connection per process hears the ``conveyor_queue`` notifications that sends
+emit at commit ("<count> <queue>") and wakes up to <count> waiters of that queue, oldest
+first; a woken waiter that loses the race goes back to sleep. Sends only NOTIFY while a
+server has marked the queue as listened to (``conveyor.queue_listen``), because NOTIFY
+serialises commits; the hub renews that mark while it has waiters.
+
+Messages can also become visible without a send (a visibility timeout or a delay runs
+out, or a send raced the mark): every ``poll_fallback`` seconds the hub wakes the oldest
+waiter of each queue so that it looks again. After the LISTEN connection is re-established
+every waiter is woken once, since notifications may have been missed meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+from conveyor import errors
+from conveyor.db import listen
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "conveyor_queue"
+
+
+class Waiter:
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> bool:
+        """Sleep until woken or ``timeout``; True if woken."""
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.event.clear()
+
+
+class WaiterHub:
+    def __init__(self, dsn: str, mark_listened: Callable[[str, int], Awaitable[object]], *,
+                 listen_seconds: int = 60, poll_fallback: float = 1.0) -> None:
+        self._dsn = dsn
+        self._mark_listened = mark_listened
+        self._listen_seconds = listen_seconds
+        self._poll_fallback = poll_fallback
+        self._waiters: dict[str, collections.deque[Waiter]] = {}
+        self._marked_until: dict[str, float] = {}
+        self._marking: dict[str, asyncio.Future[None]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._connected = asyncio.Event()
+        self.closing = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self, wait_connected: float = 5.0) -> None:
+        self._tasks = [asyncio.create_task(self._listen_forever(), name="conveyor-listen"),
+                       asyncio.create_task(self._poll_forever(), name="conveyor-poll-fallback")]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._connected.wait(), wait_connected)
+
+    async def stop(self) -> None:
+        self.wake_all()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def shutting_down(self) -> None:
+        """Stop new long polls from sleeping and release the ones asleep."""
+        self.closing = True
+        self.wake_all()
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._waiters.values())
+
+    # -- waiting ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def register(self, queue: str) -> Iterator[Waiter]:
+        waiter = Waiter()
+        self._waiters.setdefault(queue, collections.deque()).append(waiter)
+        try:
+            yield waiter
+        finally:
+            waiters = self._waiters.get(queue)
+            if waiters is not None:
+                with contextlib.suppress(ValueError):
+                    waiters.remove(waiter)
+                if not waiters:
+                    del self._waiters[queue]
+
+    async def ensure_marked(self, queue: str) -> None:
+        """Make sure sends to ``queue`` NOTIFY for a while (one database call per queue
+        per half ``listen_seconds``, shared by concurrent callers)."""
+        if self._marked_until.get(queue, 0.0) - time.monotonic() > self._listen_seconds / 2:
+            return
+        pending = self._marking.get(queue)
+        if pending is None:
+            pending = asyncio.ensure_future(self._mark(queue))
+            self._marking[queue] = pending
+            pending.add_done_callback(lambda _: self._marking.pop(queue, None))
+        await asyncio.shield(pending)
+
+    async def _mark(self, queue: str) -> None:
+        started = time.monotonic()
+        await self._mark_listened(queue, self._listen_seconds)
+        self._marked_until[queue] = started + self._listen_seconds
+
+    # -- waking ----------------------------------------------------------------------
+
+    def wake(self, queue: str, count: int = 1) -> None:
+        for waiter in list(self._waiters.get(queue, ()))[:max(count, 1)]:
+            waiter.event.set()
+
+    def wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.event.set()
+
+    def _on_payload(self, payload: str) -> None:
+        count, _, queue = payload.partition(" ")
+        try:
+            n = int(count)
+        except ValueError:
+            return
+        self.wake(queue, n)
+
+    async def _listen_forever(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async for payload in listen.notifications(self._dsn, CHANNEL, self._on_listening):
+                    delay = 0.1
+                    self._on_payload(payload)
+            except errors.ConveyorError as exc:
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
+            self._connected.clear()
+            self._marked_until.clear()  # the database may have been restored or replaced
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _on_listening(self) -> None:
+        self._connected.set()
+        self.wake_all()
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_fallback)
+            for queue in list(self._waiters):
+                self.wake(queue, 1)

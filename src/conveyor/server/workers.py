@@ -1,0 +1,51 @@
+"""Background workers of a server process: retention clean-up and the depth scrape.
+Both are safe to run in every process at once (the SQL uses SKIP LOCKED)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from conveyor import errors
+from conveyor.core import queues
+from conveyor.db.pool import Database
+from conveyor.server.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+async def every(interval: float, name: str, job: Callable[[], Awaitable[object]]) -> None:
+    """Run ``job`` now and then every ``interval`` seconds; failures are logged, not fatal."""
+    while True:
+        try:
+            await job()
+        except errors.ConveyorError as exc:
+            log.warning("%s failed: %s", name, exc)
+        except Exception:
+            log.exception("%s failed", name)
+        await asyncio.sleep(interval)
+
+
+async def maintenance(database: Database, max_rounds: int = 10) -> None:
+    """Retention clean-up until a round removes nothing (at most ``max_rounds``)."""
+    for _ in range(max_rounds):
+        async with database.connection() as conn:
+            removed = await queues.maintenance(conn)
+        if not any(removed.values()):
+            return
+
+
+async def depth_scrape(database: Database, metrics: Metrics) -> None:
+    async with database.connection() as conn:
+        metrics.set_depths(await queues.metrics_all(conn))
+
+
+def start(database: Database, metrics: Metrics, *, maintenance_interval: float,
+          depth_interval: float) -> list[asyncio.Task[None]]:
+    return [
+        asyncio.create_task(every(maintenance_interval, "maintenance", lambda: maintenance(database)),
+                            name="conveyor-maintenance"),
+        asyncio.create_task(every(depth_interval, "depth scrape", lambda: depth_scrape(database, metrics)),
+                            name="conveyor-depth-scrape"),
+    ]

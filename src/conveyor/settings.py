@@ -1,0 +1,104 @@
+"""Configuration: ``CONVEYOR_*`` environment variables (and ``DATABASE_URL``), overridable
+by CLI flags. One frozen object, built once and passed down."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+AUTH_MODES = ("none", "header", "token")
+ROLES = ("read", "write", "admin")
+
+
+def _bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (true/false), got {value!r}")
+
+
+def parse_tokens(spec: str) -> dict[str, str]:
+    """``"tok1:admin,tok2:read"`` -> {token: role}."""
+    tokens: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        token, sep, role = item.rpartition(":")
+        if not sep or not token or role not in ROLES:
+            raise ValueError(f"auth token entries look like TOKEN:{'|'.join(ROLES)}, got {item!r}")
+        tokens[token] = role
+    return tokens
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None = None
+    data_dir: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 9324
+    pool_min: int = 2
+    pool_max: int = 16
+    migrate: bool = True
+    auth_mode: str = "header"
+    auth_tokens: Mapping[str, str] = field(default_factory=dict)
+    fusion: bool = True
+    fusion_max_batch: int = 500
+    fusion_max_inflight: int = 2
+    max_request_bytes: int = 8 * 1024 * 1024
+    max_wait_seconds: int = 20
+    listen_seconds: int = 60
+    poll_fallback_seconds: float = 1.0
+    maintenance_interval: float = 60.0
+    depth_scrape_interval: float = 15.0
+    shutdown_timeout: float = 10.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.auth_mode not in AUTH_MODES:
+            raise ValueError(f"auth mode must be one of {', '.join(AUTH_MODES)}, got {self.auth_mode!r}")
+        if self.auth_mode == "token" and not self.auth_tokens:
+            raise ValueError("auth mode 'token' needs CONVEYOR_AUTH_TOKENS (TOKEN:ROLE,...)")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be from 1 to 65535, got {self.port}")
+        if self.pool_min < 1 or self.pool_max < self.pool_min:
+            raise ValueError("pool sizes need 1 <= pool_min <= pool_max")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from the environment, then ``overrides`` (None values are ignored)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, (var, parse) in _ENV.items():
+            if var in env and env[var] != "":
+                try:
+                    values[name] = parse(env[var])
+                except ValueError as exc:
+                    raise ValueError(f"{var}: {exc}") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+_ENV: dict[str, tuple[str, Any]] = {
+    "database_url": ("DATABASE_URL", str),
+    "data_dir": ("CONVEYOR_DATA_DIR", Path),
+    "host": ("CONVEYOR_HOST", str),
+    "port": ("CONVEYOR_PORT", int),
+    "pool_min": ("CONVEYOR_POOL_MIN", int),
+    "pool_max": ("CONVEYOR_POOL_MAX", int),
+    "migrate": ("CONVEYOR_MIGRATE", _bool),
+    "auth_mode": ("CONVEYOR_AUTH", str),
+    "auth_tokens": ("CONVEYOR_AUTH_TOKENS", parse_tokens),
+    "fusion": ("CONVEYOR_FUSION", _bool),
+    "fusion_max_batch": ("CONVEYOR_FUSION_MAX_BATCH", int),
+    "fusion_max_inflight": ("CONVEYOR_FUSION_MAX_INFLIGHT", int),
+    "max_request_bytes": ("CONVEYOR_MAX_REQUEST_BYTES", int),
+    "listen_seconds": ("CONVEYOR_LISTEN_SECONDS", int),
+    "poll_fallback_seconds": ("CONVEYOR_POLL_FALLBACK_SECONDS", float),
+    "maintenance_interval": ("CONVEYOR_MAINTENANCE_INTERVAL", float),
+    "depth_scrape_interval": ("CONVEYOR_DEPTH_SCRAPE_INTERVAL", float),
+    "shutdown_timeout": ("CONVEYOR_SHUTDOWN_TIMEOUT", float),
+    "log_level": ("CONVEYOR_LOG_LEVEL", str),
+}

@@ -1,0 +1,261 @@
+"""The CLI end to end: every command against a real database through click's runner, in
+table and JSON form, its errors, and the installed ``conveyor`` entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from conveyor.cli import main, output
+
+main._register()
+CLI = main.cli
+ENTRY_POINT = str(Path(sys.executable).with_name("conveyor"))
+# nothing listens there: commands that must not touch a database get this one
+NOWHERE = "postgresql://nobody@127.0.0.1:1/nowhere"
+
+
+def run(dsn: str, *args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(CLI, ["--database-url", dsn, *args], input=input, prog_name="conveyor")
+
+
+def ok(result: Result) -> str:
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.stdout
+
+
+def ok_json(result: Result) -> object:
+    return json.loads(ok(result))
+
+
+def failed(result: Result, code: int = 1) -> str:
+    """The command failed cleanly (a click error, not a crash); returns its stderr."""
+    assert result.exit_code == code, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # no stray exception
+    assert "Traceback" not in result.output
+    return result.stderr
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()):
+    for name, command in group.commands.items():
+        yield (*path, name), command
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+
+
+# -- help and the schema -------------------------------------------------------------------
+
+def test_help_on_every_command_and_group():
+    assert "Usage: conveyor" in ok(CliRunner().invoke(CLI, ["--help"], prog_name="conveyor"))
+    found = dict(_commands(CLI))
+    assert {("db", "migrate"), ("db", "sql"), ("db", "status"), ("queues", "list"), ("queues", "create"),
+            ("queues", "show"), ("queues", "alter"), ("queues", "delete"), ("queues", "purge"),
+            ("send",), ("receive",), ("peek",), ("status",), ("serve",)} <= found.keys()
+    for path, command in found.items():
+        text = ok(CliRunner().invoke(CLI, [*path, "--help"]))
+        summary = command.help.splitlines()[0].split()[0]
+        assert summary in text, path  # the docstring is the help
+
+
+def test_db_sql_prints_the_install_script_without_a_database():
+    script = ok(run(NOWHERE, "db", "sql"))
+    assert "CREATE SCHEMA" in script and script.rstrip().endswith("COMMIT;")
+
+
+def test_db_migrate_twice_then_up_to_date(empty_dsn):
+    assert "pending" in ok(run(empty_dsn, "db", "status"))
+    assert ok_json(run(empty_dsn, "db", "status", "--json"))[0]["applied_at"] is None
+    assert "applied 0001_queues" in ok(run(empty_dsn, "db", "migrate"))
+    assert ok(run(empty_dsn, "db", "migrate")).strip() == "schema is up to date"
+    assert ok_json(run(empty_dsn, "--json", "db", "migrate")) == []
+    assert "pending" not in ok(run(empty_dsn, "db", "status"))
+    [row] = ok_json(run(empty_dsn, "--json", "db", "status"))
+    assert row["version"] == 1 and row["name"] == "queues" and row["applied_at"]
+
+
+def test_db_migrate_json_lists_what_it_applied(empty_dsn):
+    assert ok_json(run(empty_dsn, "db", "migrate", "--json")) == [{"version": 1, "name": "queues"}]
+
+
+# -- queues --------------------------------------------------------------------------------
+
+def test_queue_lifecycle(dsn):
+    assert ok(run(dsn, "queues", "list")).strip() == "no queues"
+    assert "visibility timeout   45s" in ok(run(dsn, "queues", "create", "jobs", "--visibility-timeout", "45"))
+    dlq = ok_json(run(dsn, "queues", "create", "jobs-dlq", "--retention", "3600", "--json"))
+    assert dlq["name"] == "jobs-dlq" and dlq["retention_seconds"] == 3600 and dlq["fifo"] is False
+
+    table = ok(run(dsn, "queues", "list")).splitlines()
+    assert table[0].split()[:2] == ["NAME", "FIFO"] and [line.split()[0] for line in table[1:]] == ["jobs", "jobs-dlq"]
+    assert [q["name"] for q in ok_json(run(dsn, "--json", "queues", "list", "--prefix", "jobs-"))] == ["jobs-dlq"]
+
+    altered = ok_json(run(dsn, "queues", "alter", "jobs", "--max-receive-count", "3",
+                          "--dead-letter-queue", "jobs-dlq", "--delay", "2", "--json"))
+    assert (altered["max_receive_count"], altered["dead_letter_queue"], altered["delay_seconds"]) == (3, "jobs-dlq", 2)
+    assert "dead-letter queue    jobs-dlq" in ok(run(dsn, "queues", "show", "jobs"))
+    shown = ok_json(run(dsn, "queues", "show", "jobs", "--json"))
+    assert shown["visibility_timeout"] == 45 and shown["queue_length"] == 0 and shown["dead_letter_length"] == 0
+
+    cleared = ok(run(dsn, "queues", "alter", "jobs", "--clear-redrive"))
+    assert "dead-letter queue    -" in cleared and "max receive count    -" in cleared
+
+    assert ok(run(dsn, "queues", "delete", "jobs-dlq", "--yes")).strip() == "deleted queue jobs-dlq"
+    assert ok_json(run(dsn, "--json", "queues", "delete", "jobs", "-y")) == {"queue": "jobs", "deleted": True}
+    assert ok_json(run(dsn, "queues", "list", "--json")) == []
+
+
+def test_purge_reports_how_many(dsn):
+    ok(run(dsn, "queues", "create", "q"))
+    for body in ("a", "b", "c"):
+        ok(run(dsn, "send", "q", body))
+    assert ok(run(dsn, "queues", "purge", "q", "--yes")).strip() == "deleted 3 messages from queue q"
+    assert ok_json(run(dsn, "queues", "purge", "q", "--json", "--yes")) == {"queue": "q", "deleted": 0}
+
+
+def test_delete_asks_and_n_aborts(dsn):
+    ok(run(dsn, "queues", "create", "keep"))
+    result = run(dsn, "queues", "delete", "keep", input="n\n")
+    assert "Delete queue 'keep'" in failed(result) and "Aborted" in result.stderr
+    assert ok(run(dsn, "queues", "delete", "keep", input="y\n")).strip() == "deleted queue keep"
+
+
+# -- messages ------------------------------------------------------------------------------
+
+def test_send_peek_receive_delete(dsn):
+    ok(run(dsn, "queues", "create", "work"))
+    assert ok(run(dsn, "send", "work", "hello")).strip() == "1"
+    long_body = "line one\n" + "x" * 100
+    assert ok(run(dsn, "send", "work", "-", "--header", "k=v", "--header", "e=a=b", input=long_body)).strip() == "2"
+    assert ok_json(run(dsn, "--json", "send", "work", '{"n": 1}', "--json-body")) == {"queue": "work", "id": 3}
+
+    table = ok(run(dsn, "peek", "work")).splitlines()
+    assert table[0].split() == ["ID", "RECEIVES", "SENT", "AT", "VISIBLE", "AT", "BODY"]
+    assert len(table) == 4 and table[1].endswith("hello")
+    assert "line one\\nxxx" in table[2] and table[2].endswith("...") and "x" * 60 not in table[2]
+
+    peeked = ok_json(run(dsn, "peek", "work", "--max", "2", "--json"))
+    assert [m["id"] for m in peeked] == [1, 2]
+    assert peeked[1]["body"] == long_body and peeked[1]["headers"] == {"k": "v", "e": "a=b"}
+
+    received = ok(run(dsn, "receive", "work", "--max", "2", "--vt", "60")).splitlines()
+    assert [line.split()[:2] for line in received[1:]] == [["1", "1"], ["2", "1"]]
+    [message] = ok_json(run(dsn, "--json", "receive", "work", "--delete"))
+    assert message["id"] == 3 and message["content_type"] == "application/json" and message["body"] == '{"n": 1}'
+    assert ok(run(dsn, "receive", "work")).strip() == "no messages"  # 1, 2 in flight; 3 deleted
+    assert [m["id"] for m in ok_json(run(dsn, "peek", "work", "--json"))] == [1, 2]
+
+
+def test_receive_delete_in_table_form_and_wait(dsn):
+    ok(run(dsn, "queues", "create", "w"))
+    assert ok_json(run(dsn, "receive", "w", "--wait", "1", "--json")) == []
+    ok(run(dsn, "send", "w", "only"))
+    result = run(dsn, "receive", "w", "--delete")
+    assert ok(result).splitlines()[1].endswith("only") and "deleted 1 message" in result.stderr
+    assert ok_json(run(dsn, "peek", "w", "--json")) == []
+
+
+def test_fifo_send_with_group_and_dedup(dsn):
+    ok(run(dsn, "queues", "create", "orders.fifo"))
+    first = ok(run(dsn, "send", "orders.fifo", "one", "--group-id", "g", "--dedup-id", "d1"))
+    again = ok(run(dsn, "send", "orders.fifo", "one", "--group-id", "g", "--dedup-id", "d1"))
+    assert first == again  # deduplicated: the same id
+    [m] = ok_json(run(dsn, "--json", "peek", "orders.fifo"))
+    assert (m["group_id"], m["dedup_id"]) == ("g", "d1")
+
+
+# -- status --------------------------------------------------------------------------------
+
+def test_status_empty(dsn):
+    assert ok(run(dsn, "status")).strip() == "no queues"
+    assert ok_json(run(dsn, "status", "--json")) == []
+
+
+def test_status_rows(dsn):
+    ok(run(dsn, "queues", "create", "dead"))
+    ok(run(dsn, "queues", "create", "live", "--max-receive-count", "5", "--dead-letter-queue", "dead"))
+    ok(run(dsn, "queues", "create", "f.fifo"))
+    ok(run(dsn, "send", "live", "a"))
+    ok(run(dsn, "send", "live", "b"))
+    ok(run(dsn, "receive", "live"))
+    lines = ok(run(dsn, "status")).splitlines()
+    assert lines[0].split()[:3] == ["QUEUE", "FIFO", "DEPTH"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["live"][1:5] == ["no", "1", "1", "0"] and rows["live"][-2:] == ["dead", "0"]
+    assert rows["f.fifo"][1] == "yes" and rows["dead"][-2:] == ["-", "-"]
+    by_name = {r["queue_name"]: r for r in ok_json(run(dsn, "--json", "status"))}
+    assert by_name["live"]["queue_length"] == 1 and by_name["live"]["in_flight"] == 1
+    assert by_name["live"]["total_messages"] == 2 and by_name["live"]["dead_letter_queue"] == "dead"
+    assert by_name["f.fifo"]["fifo"] is True
+
+
+# -- errors --------------------------------------------------------------------------------
+
+def test_unknown_queue_is_a_clean_error(dsn):
+    for args in (["queues", "show", "nope"], ["send", "nope", "x"], ["receive", "nope"], ["peek", "nope"],
+                 ["queues", "purge", "nope", "--yes"], ["queues", "delete", "nope", "--yes"],
+                 ["queues", "alter", "nope", "--delay", "1"]):
+        assert "Error: queue 'nope' does not exist" in failed(run(dsn, *args)), args
+
+
+def test_invalid_input_is_a_clean_error(dsn):
+    assert "invalid queue name 'bad name'" in failed(run(dsn, "queues", "create", "bad name"))
+    assert "visibility_timeout must be an integer from 0 to 43200" in failed(
+        run(dsn, "queues", "create", "q", "--visibility-timeout", "-1"))
+    ok(run(dsn, "queues", "create", "q"))
+    assert "expected KEY=VALUE" in failed(run(dsn, "send", "q", "x", "--header", "novalue"), 2)
+    assert "not valid JSON" in failed(run(dsn, "send", "q", "{nope", "--json-body"), 2)
+    assert "nothing to change" in failed(run(dsn, "queues", "alter", "q"), 2)
+    assert "cannot be combined" in failed(run(dsn, "queues", "alter", "q", "--clear-redrive",
+                                              "--max-receive-count", "2"), 2)
+    assert ok_json(run(dsn, "peek", "q", "--json")) == []  # nothing was sent
+
+
+def test_unreachable_database_is_a_clean_error():
+    assert "unavailable" in failed(run(NOWHERE, "status"))
+
+
+# -- output helpers ------------------------------------------------------------------------
+
+def test_durations():
+    assert [output.duration(s) for s in (None, 0, 12, 184, 7260, 93600)] == ["-", "0s", "12s", "3m04s", "2h01m", "1d02h"]
+
+
+def test_table_aligns_numbers_right_and_shows_missing_values():
+    cols = [output.Column("NAME", "name"), output.Column("N", "n")]
+    assert output.table([{"name": "a", "n": 5}, {"name": "bbb", "n": None}, {"name": "c", "n": 120}], cols) == (
+        "NAME    N\n"
+        "a       5\n"
+        "bbb     -\n"
+        "c     120")
+
+
+def test_preview_escapes_and_truncates():
+    assert output.preview("a\tb\n") == "a\\tb\\n"
+    assert output.preview("y" * 61) == "y" * 57 + "..." and len(output.preview("é" * 80)) == 60
+    assert output.preview("字" * 40) == "字" * 28 + "..."  # wide characters count twice
+
+
+# -- the installed entry point -------------------------------------------------------------
+
+def _entry(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("CONVEYOR_")}
+    return subprocess.run([ENTRY_POINT, *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.mark.skipif(not Path(ENTRY_POINT).exists(), reason="conveyor is not installed in this venv")
+def test_installed_entry_point(dsn):
+    help_ = _entry("--help")
+    assert help_.returncode == 0 and "queues" in help_.stdout and "status" in help_.stdout
+    sql = _entry("--database-url", NOWHERE, "db", "sql")
+    assert sql.returncode == 0 and "CREATE SCHEMA" in sql.stdout
+    missing = _entry("--database-url", dsn, "queues", "show", "nope")
+    assert missing.returncode == 1 and "queue 'nope' does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr and missing.stdout == ""
+    assert json.loads(_entry("--database-url", dsn, "status", "--json").stdout) == []

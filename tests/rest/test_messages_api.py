@@ -1,0 +1,149 @@
+"""REST /v1/queues/{name}/messages end to end."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def q(http, queue_name):
+    assert http.post("/v1/queues", json={"name": queue_name}).status_code == 201
+    return f"/v1/queues/{queue_name}"
+
+
+def test_send_receive_delete(http, q):
+    r = http.post(f"{q}/messages", json={"message": {"task": "resize", "size": 3}, "headers": {"trace": "t1"}})
+    assert r.status_code == 201, r.text
+    mid = r.json()["id"]
+    [m] = http.get(f"{q}/messages", params={"vt": 30}).json()
+    assert m["id"] == mid and m["message"] == {"task": "resize", "size": 3}
+    assert m["headers"] == {"trace": "t1"} and m["receive_count"] == 1
+    assert m["visible_at"] > m["sent_at"]
+    assert http.get(f"{q}/messages").json() == []
+    assert http.delete(f"{q}/messages/{mid}").status_code == 204
+    assert http.delete(f"{q}/messages/{mid}").status_code == 404
+
+
+def test_string_bodies_are_byte_exact(http, q):
+    bodies = ["plain", '{"looks": "like json" }', "  spaces  ", "ünï 🎉", "a\r\nb\tc"]
+    ids = http.post(f"{q}/messages", json=[{"message": b} for b in bodies]).json()["ids"]
+    got = http.get(f"{q}/messages", params={"max": 10}).json()
+    assert [m["id"] for m in got] == ids
+    assert [m["message"] for m in got] == bodies
+
+
+def test_json_values_round_trip(http, q):
+    values = [{"a": [1, 2, {"b": None}]}, [1, "two"], 3.5, True, None, 0]
+    http.post(f"{q}/messages", json=[{"message": v} for v in values])
+    assert [m["message"] for m in http.get(f"{q}/messages", params={"max": 10}).json()] == values
+
+
+def test_batch_delete_and_delay(http, q):
+    ids = http.post(f"{q}/messages", json=[{"message": "a"}, {"message": "b"}, {"message": "c", "delay": 60}]).json()["ids"]
+    got = http.get(f"{q}/messages", params={"max": 10}).json()
+    assert [m["message"] for m in got] == ["a", "b"]
+    r = http.request("DELETE", f"{q}/messages", json={"ids": ids + [999999]})
+    assert r.status_code == 200 and r.json() == {"deleted": ids}
+
+
+def test_change_visibility(http, q):
+    mid = http.post(f"{q}/messages", json={"message": "x"}).json()["id"]
+    http.get(f"{q}/messages", params={"vt": 300})
+    r = http.patch(f"{q}/messages/{mid}", json={"vt": 0})
+    assert r.status_code == 200 and r.json()["id"] == mid and "visible_at" in r.json()
+    [again] = http.get(f"{q}/messages").json()
+    assert again["receive_count"] == 2
+    assert http.patch(f"{q}/messages/424242", json={"vt": 5}).status_code == 404
+    assert http.patch(f"{q}/messages/{mid}", json={"vt": 43201}).status_code == 400
+
+
+def test_complete_and_fail(http, q, queue_name):
+    a, b = http.post(f"{q}/messages", json=[{"message": "a"}, {"message": "b"}]).json()["ids"]
+    assert http.post(f"{q}/messages/{a}/complete").status_code == 204
+    assert http.post(f"{q}/messages/{a}/complete").status_code == 404
+    assert http.post(f"{q}/messages/{b}/fail", json={"error": "bad input"}).status_code == 204
+    assert http.post(f"{q}/messages/{b}/fail").status_code == 404
+    assert http.get(f"{q}/messages").json() == []
+
+
+def test_fail_moves_to_dead_letter_queue(http, queue_name):
+    dlq = queue_name + "-dlq"
+    http.post("/v1/queues", json={"name": dlq})
+    http.post("/v1/queues", json={"name": queue_name, "max_receive_count": 2, "dead_letter_queue": dlq})
+    mid = http.post(f"/v1/queues/{queue_name}/messages", json={"message": "x"}).json()["id"]
+    http.post(f"/v1/queues/{queue_name}/messages/{mid}/fail")
+    assert [m["message"] for m in http.get(f"/v1/queues/{dlq}/messages").json()] == ["x"]
+
+
+def test_max_receive_count_dead_letters_through_rest(http, queue_name):
+    dlq = queue_name + "-dlq"
+    http.post("/v1/queues", json={"name": dlq})
+    http.post("/v1/queues", json={"name": queue_name, "max_receive_count": 1, "dead_letter_queue": dlq})
+    http.post(f"/v1/queues/{queue_name}/messages", json={"message": "poison"})
+    assert len(http.get(f"/v1/queues/{queue_name}/messages", params={"vt": 0}).json()) == 1
+    assert http.get(f"/v1/queues/{queue_name}/messages").json() == []
+    assert http.get(f"/v1/queues/{dlq}").json()["queue_length"] == 1
+
+
+def test_fifo_through_rest(http, queue_name):
+    name = queue_name + ".fifo"
+    http.post("/v1/queues", json={"name": name})
+    base = f"/v1/queues/{name}/messages"
+    r = http.post(base, json=[{"message": "1", "group_id": "g", "dedup_id": "d1"},
+                              {"message": "2", "group_id": "g", "dedup_id": "d2"}])
+    assert r.status_code == 201, r.text
+    [first] = http.get(base).json()
+    assert first["message"] == "1" and first["group_id"] == "g"
+    assert http.get(base).json() == []  # group blocked while "1" is in flight
+    http.delete(f"{base}/{first['id']}")
+    assert [m["message"] for m in http.get(base).json()] == ["2"]
+    r = http.post(base, json={"message": "no group"})
+    assert r.status_code == 400 and "group_id" in r.json()["error"]
+
+
+@pytest.mark.parametrize("payload, status, fragment", [
+    ({}, 400, "message"),
+    ({"message": "x", "delay": 901}, 400, "delay"),
+    ({"message": "x", "headers": "not an object"}, 400, "headers"),
+    ({"message": "x", "extra": 1}, 400, "extra"),
+    ([], 400, "at least 1"),
+    ("just a string", 400, "message"),
+    ({"message": "a\u0000b"}, 400, "NUL"),
+    ({"message": "x" * 262145}, 413, "at most"),
+])
+def test_bad_sends(http, q, payload, status, fragment):
+    r = http.post(f"{q}/messages", json=payload)
+    assert r.status_code == status, r.text
+    assert fragment in r.json()["error"]
+
+
+@pytest.mark.parametrize("params, fragment", [
+    ({"max": 0}, "max"), ({"max": "lots"}, "max"), ({"vt": -1}, "vt"), ({"wait": 21}, "wait"),
+    ({"bogus": 1}, "bogus"),
+])
+def test_bad_receives(http, q, params, fragment):
+    r = http.get(f"{q}/messages", params=params)
+    assert r.status_code == 400 and fragment in r.json()["error"]
+
+
+@pytest.mark.parametrize("path", ["abc", "0", "-1", "99999999999999999999999", "1.5"])
+def test_bad_message_ids(http, q, path):
+    r = http.delete(f"{q}/messages/{path}")
+    assert r.status_code == 400 and "message id" in r.json()["error"]
+
+
+def test_unknown_queue_is_404_everywhere(http):
+    base = "/v1/queues/does-not-exist"
+    for method, path, body in [("POST", "/messages", {"message": "x"}), ("GET", "/messages", None),
+                               ("DELETE", "/messages", {"ids": [1]}), ("DELETE", "/messages/1", None),
+                               ("PATCH", "/messages/1", {"vt": 1}), ("POST", "/messages/1/complete", None),
+                               ("POST", "/messages/1/fail", None), ("GET", "", None)]:
+        r = http.request(method, base + path, json=body)
+        assert r.status_code == 404, (method, path, r.text)
+        assert r.json()["code"] == "QueueNotFound"
+
+
+def test_request_size_limit(http, q):
+    r = http.post(f"{q}/messages", content=b'{"message": "' + b"x" * (9 * 1024 * 1024) + b'"}',
+                  headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["code"] == "RequestTooLarge"

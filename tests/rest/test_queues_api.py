@@ -1,0 +1,77 @@
+"""REST /v1/queues end to end, through HTTP against a running server."""
+
+from __future__ import annotations
+
+
+def test_create_get_list_delete(http, queue_name):
+    r = http.post("/v1/queues", json={"name": queue_name, "visibility_timeout": 45})
+    assert r.status_code == 201, r.text
+    assert r.headers["location"] == f"/v1/queues/{queue_name}"
+    body = r.json()
+    assert body["name"] == queue_name and body["visibility_timeout"] == 45 and body["fifo"] is False
+
+    assert http.post("/v1/queues", json={"name": queue_name, "visibility_timeout": 45}).status_code == 201
+    conflict = http.post("/v1/queues", json={"name": queue_name, "visibility_timeout": 46})
+    assert conflict.status_code == 409 and conflict.json()["code"] == "QueueAlreadyExists"
+
+    detail = http.get(f"/v1/queues/{queue_name}").json()
+    assert detail["queue_length"] == 0 and detail["total_messages"] == 0 and "scrape_time" in detail
+    assert queue_name in [q["name"] for q in http.get("/v1/queues").json()]
+    assert [q["name"] for q in http.get("/v1/queues", params={"prefix": queue_name}).json()] == [queue_name]
+
+    assert http.delete(f"/v1/queues/{queue_name}").status_code == 204
+    gone = http.delete(f"/v1/queues/{queue_name}")
+    assert gone.status_code == 404 and "does not exist" in gone.json()["error"]
+    assert http.get(f"/v1/queues/{queue_name}").status_code == 404
+
+
+def test_fifo_and_redrive_attributes(http, queue_name):
+    dlq = queue_name + "-dlq.fifo"
+    assert http.post("/v1/queues", json={"name": dlq}).status_code == 201
+    r = http.post("/v1/queues", json={"name": queue_name + ".fifo", "max_receive_count": 3,
+                                      "dead_letter_queue": dlq, "content_based_deduplication": True})
+    assert r.status_code == 201, r.text
+    assert r.json()["fifo"] is True and r.json()["dead_letter_queue"] == dlq
+
+
+def test_alter(http, queue_name):
+    http.post("/v1/queues", json={"name": queue_name})
+    r = http.patch(f"/v1/queues/{queue_name}", json={"delay_seconds": 3, "visibility_timeout": 9})
+    assert r.status_code == 200 and (r.json()["delay_seconds"], r.json()["visibility_timeout"]) == (3, 9)
+    r = http.patch(f"/v1/queues/{queue_name}", json={"delay_seconds": None})
+    assert r.json()["delay_seconds"] == 0 and r.json()["visibility_timeout"] == 9
+    assert http.patch("/v1/queues/nope-nope", json={"delay_seconds": 1}).status_code == 404
+
+
+def test_purge(http, queue_name):
+    http.post("/v1/queues", json={"name": queue_name})
+    http.post(f"/v1/queues/{queue_name}/messages", json=[{"message": str(i)} for i in range(3)])
+    r = http.post(f"/v1/queues/{queue_name}/purge")
+    assert r.status_code == 200 and r.json() == {"deleted": 3}
+    assert http.post("/v1/queues/missing-queue/purge").status_code == 404
+
+
+def test_invalid_create_requests_are_400_with_the_reason(http):
+    cases = [
+        ({"name": "bad name"}, "name"),
+        ({"name": "x" * 81}, "name"),
+        ({"name": "ok", "visibility_timeout": -1}, "visibility_timeout"),
+        ({"name": "ok", "colour": "red"}, "colour"),
+        ({}, "name"),
+        ({"name": "ok", "fifo": True}, "FIFO"),
+    ]
+    for payload, fragment in cases:
+        r = http.post("/v1/queues", json=payload)
+        assert r.status_code == 400, (payload, r.text)
+        assert fragment in r.json()["error"], (payload, r.json())
+        assert r.json()["code"] == "InvalidInput"
+    for raw in (b"{", b"", b"[1,2", b"\xff\xfe"):
+        r = http.post("/v1/queues", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["code"] == "InvalidInput"
+
+
+def test_unknown_routes_and_methods_are_json(http):
+    r = http.get("/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["code"] == "NotFound"
+    r = http.put("/v1/queues")
+    assert r.status_code == 405 and r.json()["code"] == "MethodNotAllowed"

@@ -1,0 +1,68 @@
+"""A real ``conveyor serve`` child process for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``conveyor serve`` as a child process on a free loopback port."""
+
+    def __init__(self, database_url: str, *, env: dict[str, str] | None = None,
+                 args: list[str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "DATABASE_URL": database_url, "CONVEYOR_PORT": str(self.port),
+                    "CONVEYOR_HOST": "127.0.0.1", "CONVEYOR_LOG_LEVEL": "warning", **(env or {})}
+        self.args = args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        self.proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", *self.args],
+                                     env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early: {self.output()}")
+            try:
+                if httpx.get(self.url + "/livez", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"server did not start in {timeout}s: {self.output()}")
+
+    def output(self) -> str:
+        if self.proc is None or self.proc.stdout is None:
+            return ""
+        if self.proc.poll() is None:
+            return "(still running)"
+        return self.proc.stdout.read().decode(errors="replace")
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        headers = {"Authorization": "test"}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
