@@ -12,10 +12,23 @@ from conveyor import types
 from conveyor.core import messages, queues
 from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
-from conveyor.server.fusion import SendFuser
+from conveyor.server.fusion import Fuser
 from conveyor.server.metrics import Metrics
 from conveyor.server.waiters import WaiterHub
 from conveyor.settings import Settings
+
+
+MAX_RECEIVE = 1000  # the SQL API's largest qty
+WAIT_CACHE_SECONDS = 5.0
+
+
+def _split(items: Sequence, sizes: Sequence[int]) -> list[list]:
+    """Hand out ``items`` in order: the first ``sizes[0]`` to the first asker, and so on."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(list(items[start:start + n]))
+        start += n
+    return out
 
 
 class ServerBroker:
@@ -23,9 +36,16 @@ class ServerBroker:
         self.settings = settings
         self.database = database
         self.metrics = metrics
-        self.fuser = SendFuser(self._send_batch, max_batch=settings.fusion_max_batch,
-                               max_inflight=settings.fusion_max_inflight,
-                               on_flush=metrics.fusion_batch.observe) if settings.fusion else None
+        self.fusers: dict[str, Fuser] = {}
+        if settings.fusion:
+            options = {"max_inflight": settings.fusion_max_inflight}
+            self.fusers = {
+                "send": Fuser(self._send_fused, max_batch=settings.fusion_max_batch, size=len,
+                              on_flush=metrics.fusion_batch.observe, **options),
+                "receive": Fuser(self._receive_fused, max_batch=MAX_RECEIVE, size=lambda qty: qty, **options),
+                "delete": Fuser(self._delete_fused, max_batch=settings.fusion_max_batch, size=len, **options),
+            }
+        self._wait_cache: dict[str, tuple[float, float]] = {}
         self.waiters = WaiterHub(database.dsn, self._mark_listened, listen_seconds=settings.listen_seconds,
                                  poll_fallback=settings.poll_fallback_seconds)
 
@@ -49,33 +69,50 @@ class ServerBroker:
         self.metrics.sent.labels(queue).inc(len(ids))
         return ids
 
+    async def _send_fused(self, queue: str, requests: Sequence[Sequence[types.OutgoingMessage]]) -> list[list[int]]:
+        ids = await self._send_batch(queue, [m for r in requests for m in r])
+        return _split(ids, [len(r) for r in requests])
+
     async def send(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[int]:
-        if self.fuser is not None:
-            return await self.fuser.send(queue, batch)
+        if "send" in self.fusers:
+            return await self.fusers["send"].submit(queue, batch)
         return await self._send_batch(queue, batch)
 
     # -- receive ---------------------------------------------------------------------
 
-    async def _receive_once(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
+    async def _receive_db(self, queue: str, qty: int, vt: int | None) -> list[types.Message]:
         async with self.database.connection() as conn:
             got = await self._timed(self.metrics.receive_duration, queue,
-                                    messages.receive(conn, queue, qty=params.qty, vt=params.vt))
+                                    messages.receive(conn, queue, qty=qty, vt=vt))
         self.metrics.record_received(queue, got)
         return got
 
+    async def _receive_fused(self, key: tuple[str, int | None], qtys: Sequence[int]) -> list[list[types.Message]]:
+        queue, vt = key
+        return _split(await self._receive_db(queue, sum(qtys), vt), qtys)
+
+    async def _receive_once(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
+        # FIFO receives are never fused: one call may return several messages of a group,
+        # and a group must go to one consumer at a time
+        if "receive" in self.fusers and not queue.endswith(".fifo"):
+            return await self.fusers["receive"].submit((queue, params.vt), params.qty)
+        return await self._receive_db(queue, params.qty, params.vt)
+
     async def receive(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
-        wait = params.wait
-        if wait is None:
-            async with self.database.connection() as conn:
-                wait = (await queues.get(conn, queue)).receive_wait_seconds
-        wait = min(max(wait, 0.0), float(self.settings.max_wait_seconds))
-        if wait <= 0 or self.waiters.closing:
-            return await self._receive_once(queue, params)
-        deadline = time.monotonic() + wait
+        started = time.monotonic()
+        got = await self._receive_once(queue, params)
+        if got or (params.wait is not None and params.wait <= 0) or self.waiters.closing:
+            return got
+        wait = params.wait if params.wait is not None else await self._default_wait(queue)
+        wait = min(wait, float(self.settings.max_wait_seconds))
+        if wait <= 0:
+            return got
+        deadline = started + wait
         with self.waiters.register(queue) as waiter:
             self.metrics.long_pollers.inc()
             try:
                 await self.waiters.ensure_marked(queue)
+                # look again: a send may have committed before the waiter was registered
                 while True:
                     got = await self._receive_once(queue, params)
                     remaining = deadline - time.monotonic()
@@ -85,17 +122,42 @@ class ServerBroker:
             finally:
                 self.metrics.long_pollers.dec()
 
+    async def _default_wait(self, queue: str) -> float:
+        """The queue's receive_wait_seconds, cached for a few seconds (it only matters
+        to receives that found the queue empty)."""
+        cached = self._wait_cache.get(queue)
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
+        async with self.database.connection() as conn:
+            wait = float((await queues.get(conn, queue)).receive_wait_seconds)
+        self._wait_cache[queue] = (wait, time.monotonic() + WAIT_CACHE_SECONDS)
+        return wait
+
     async def _mark_listened(self, queue: str, seconds: int) -> None:
         async with self.database.connection() as conn:
             await queues.listen(conn, queue, seconds)
 
     # -- acknowledge -----------------------------------------------------------------
 
-    async def delete(self, queue: str, ids: Sequence[int]) -> list[int]:
+    async def _delete_db(self, queue: str, ids: Sequence[int]) -> list[int]:
         async with self.database.connection() as conn:
             done = await self._timed(self.metrics.delete_duration, queue, messages.delete(conn, queue, ids))
         self.metrics.deleted.labels(queue).inc(len(done))
         return done
+
+    async def _delete_fused(self, queue: str, requests: Sequence[Sequence[int]]) -> list[list[int]]:
+        remaining = set(await self._delete_db(queue, [i for r in requests for i in r]))
+        answers = []
+        for r in requests:  # an id asked for twice counts for the first asker only
+            mine = [i for i in r if i in remaining]
+            remaining.difference_update(mine)
+            answers.append(mine)
+        return answers
+
+    async def delete(self, queue: str, ids: Sequence[int]) -> list[int]:
+        if "delete" in self.fusers:
+            return await self.fusers["delete"].submit(queue, ids)
+        return await self._delete_db(queue, ids)
 
     async def archive(self, queue: str, ids: Sequence[int]) -> list[int]:
         async with self.database.connection() as conn:
@@ -122,7 +184,7 @@ class ServerBroker:
 
     async def stop(self) -> None:
         self.waiters.shutting_down()
-        if self.fuser is not None:
-            await self.fuser.drain(self.settings.shutdown_timeout)
+        for fuser in self.fusers.values():
+            await fuser.drain(self.settings.shutdown_timeout)
         await self.waiters.stop()
         await asyncio.sleep(0)

@@ -1,13 +1,15 @@
-"""Request fusion for sends: concurrent sends to one queue become one SQL call.
+"""Request fusion: concurrent requests of one kind on one key become one SQL call.
 
-Each queue has a small pipeline of at most ``max_inflight`` SQL calls. A send joins the
-queue's pending list; if a pipeline slot is free it is flushed at once (no added latency
-when the server is idle), otherwise it waits for the next free slot and leaves with
-everything that piled up meanwhile. So the batch grows with load by itself: no timer to
-tune. Each caller is answered with its own ids after the batch's COMMIT, never before.
+Each key (a queue, for sends; a queue and visibility timeout, for receives) has a small
+pipeline of at most ``max_inflight`` SQL calls. A request joins the key's pending list;
+if a pipeline slot is free it is flushed at once (no added latency when the server is
+idle), otherwise it waits for the next free slot and leaves with everything that piled
+up meanwhile. So batches grow with load by themselves: there is no timer to tune. Each
+caller is answered with its own share of the result after the call's COMMIT, never
+before.
 
-A batch that fails because of one bad message (invalid input) is re-run request by
-request, so only the culprit sees the error.
+A batch that fails because of bad input is re-run request by request, so that only the
+culprit sees the error.
 """
 
 from __future__ import annotations
@@ -16,104 +18,125 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Generic, TypeVar
 
-from conveyor import errors, types
+from conveyor import errors
 
-log = logging.getLogger(__name__)
+K = TypeVar("K", bound=Hashable)
+Req = TypeVar("Req")
+Res = TypeVar("Res")
 
-SendBatch = Callable[[str, Sequence[types.OutgoingMessage]], Awaitable[list[int]]]
-
-
-@dataclasses.dataclass(slots=True)
-class _Request:
-    messages: Sequence[types.OutgoingMessage]
-    future: asyncio.Future[list[int]]
+# Runs one fused call: the key and the requests, in arrival order -> one result each.
+Run = Callable[[K, Sequence[Req]], Awaitable[Sequence[Res]]]
 
 
 @dataclasses.dataclass(slots=True)
-class _QueueState:
-    pending: collections.deque[_Request] = dataclasses.field(default_factory=collections.deque)
+class _Pending(Generic[Req, Res]):
+    request: Req
+    future: asyncio.Future[Res]
+
+
+@dataclasses.dataclass(slots=True)
+class _Lane(Generic[Req, Res]):
+    pending: collections.deque[_Pending[Req, Res]] = dataclasses.field(default_factory=collections.deque)
     inflight: int = 0
 
 
-class SendFuser:
-    def __init__(self, send_batch: SendBatch, *, max_batch: int = 500, max_inflight: int = 2,
+class Fuser(Generic[K, Req, Res]):
+    def __init__(self, run: Run, *, max_batch: int = 500, max_inflight: int = 2,
+                 size: Callable[[Req], int] = lambda _: 1,
                  on_flush: Callable[[int], None] | None = None) -> None:
-        self._send_batch = send_batch
+        self._run_batch = run
         self._max_batch = max_batch
         self._max_inflight = max_inflight
+        self._size = size
         self._on_flush = on_flush
-        self._queues: dict[str, _QueueState] = {}
+        self._lanes: dict[K, _Lane[Req, Res]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def send(self, queue: str, messages: Sequence[types.OutgoingMessage]) -> list[int]:
-        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        state = self._queues.setdefault(queue, _QueueState())
-        state.pending.append(_Request(messages, future))
-        self._kick(queue, state)
+    async def submit(self, key: K, request: Req) -> Res:
+        lane = self._lanes.setdefault(key, _Lane())
+        if not lane.pending and lane.inflight < self._max_inflight:
+            return await self._alone(key, lane, request)
+        future: asyncio.Future[Res] = asyncio.get_running_loop().create_future()
+        lane.pending.append(_Pending(request, future))
+        self._kick(key, lane)
         return await asyncio.shield(future)  # a cancelled client does not cancel the batch
 
-    def _kick(self, queue: str, state: _QueueState) -> None:
-        while state.pending and state.inflight < self._max_inflight:
-            batch = self._take(state)
-            state.inflight += 1
-            task = asyncio.create_task(self._flush(queue, state, batch))
+    async def _alone(self, key: K, lane: _Lane[Req, Res], request: Req) -> Res:
+        """A free slot and nobody waiting: run in the caller's task, with no hand-off."""
+        lane.inflight += 1
+        try:
+            if self._on_flush:
+                self._on_flush(self._size(request))
+            [result] = await self._run_batch(key, [request])
+            return result
+        finally:
+            self._settle(key, lane)
+
+    def _kick(self, key: K, lane: _Lane[Req, Res]) -> None:
+        while lane.pending and lane.inflight < self._max_inflight:
+            batch = self._take(lane)
+            lane.inflight += 1
+            task = asyncio.create_task(self._flush(key, lane, batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _take(self, state: _QueueState) -> list[_Request]:
-        batch, size = [], 0
-        while state.pending and (not batch or size + len(state.pending[0].messages) <= self._max_batch):
-            request = state.pending.popleft()
-            batch.append(request)
-            size += len(request.messages)
+    def _take(self, lane: _Lane[Req, Res]) -> list[_Pending[Req, Res]]:
+        batch: list[_Pending[Req, Res]] = []
+        size = 0
+        while lane.pending and (not batch or size + self._size(lane.pending[0].request) <= self._max_batch):
+            item = lane.pending.popleft()
+            batch.append(item)
+            size += self._size(item.request)
         return batch
 
-    async def _flush(self, queue: str, state: _QueueState, batch: list[_Request]) -> None:
+    async def _flush(self, key: K, lane: _Lane[Req, Res], batch: list[_Pending[Req, Res]]) -> None:
         try:
-            await self._run(queue, batch)
+            await self._run(key, batch)
         finally:
-            state.inflight -= 1
-            if state.pending:
-                self._kick(queue, state)
-            elif state.inflight == 0 and self._queues.get(queue) is state:
-                del self._queues[queue]
+            self._settle(key, lane)
 
-    async def _run(self, queue: str, batch: list[_Request]) -> None:
-        messages = [m for r in batch for m in r.messages]
+    def _settle(self, key: K, lane: _Lane[Req, Res]) -> None:
+        """A call finished: start the next batch, or forget an idle lane."""
+        lane.inflight -= 1
+        if lane.pending:
+            self._kick(key, lane)
+        elif lane.inflight == 0 and self._lanes.get(key) is lane:
+            del self._lanes[key]
+
+    async def _run(self, key: K, batch: list[_Pending[Req, Res]]) -> None:
         if self._on_flush:
-            self._on_flush(len(messages))
+            self._on_flush(sum(self._size(p.request) for p in batch))
         try:
-            ids = await self._send_batch(queue, messages)
+            results = await self._run_batch(key, [p.request for p in batch])
         except errors.InvalidInput as exc:
             if len(batch) == 1:
                 _fail(batch[0], exc)
             else:
-                await asyncio.gather(*(self._run(queue, [r]) for r in batch))
+                await asyncio.gather(*(self._run(key, [p]) for p in batch))
             return
-        except BaseException as exc:
-            for request in batch:
-                _fail(request, exc if isinstance(exc, Exception) else errors.Unavailable("shutting down"))
-            if not isinstance(exc, Exception):
-                raise
+        except Exception as exc:
+            for p in batch:
+                _fail(p, exc)
             return
-        start = 0
-        for request in batch:
-            end = start + len(request.messages)
-            if not request.future.done():
-                request.future.set_result(ids[start:end])
-            start = end
+        except BaseException:
+            for p in batch:
+                _fail(p, errors.Unavailable("the server is shutting down"))
+            raise
+        for p, result in zip(batch, results, strict=True):
+            if not p.future.done():
+                p.future.set_result(result)
 
     async def drain(self, timeout: float) -> None:
-        """Wait for every accepted send to be flushed (graceful shutdown)."""
+        """Wait for every accepted request to be flushed (graceful shutdown)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 while self._tasks:
                     await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
 
-def _fail(request: _Request, exc: BaseException) -> None:
-    if not request.future.done():
-        request.future.set_exception(exc)
+def _fail(pending: _Pending[Req, Res], exc: BaseException) -> None:
+    if not pending.future.done():
+        pending.future.set_exception(exc)

@@ -12,6 +12,9 @@
 --   CVM02 message not in flight
 -- Every function that touches data is SECURITY DEFINER with a pinned search_path, and
 -- EXECUTE is granted to the roles conveyor_reader < conveyor_writer < conveyor_admin.
+-- Internal helpers (named _*) are granted to no one and carry no SET clause: a SET
+-- makes every call save and restore the GUC state, which costs more than the helper;
+-- they run inside the definers' pinned path and qualify every name anyway.
 
 -- Functions are callable only through the role grants at the end of this file.
 ALTER DEFAULT PRIVILEGES IN SCHEMA conveyor REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
@@ -31,6 +34,8 @@ CREATE TABLE conveyor.queues (
     -- A server with long-pollers waiting on this queue keeps this in the future; sends
     -- NOTIFY only while it is, because NOTIFY serialises commits (docs/architecture.md).
     listened_until       timestamptz NOT NULL DEFAULT '-infinity',
+    -- the queue's message id sequence (conveyor.message_seq_<id>), set at creation
+    seq                  regclass,
     created_at           timestamptz NOT NULL DEFAULT now(),
     updated_at           timestamptz NOT NULL DEFAULT now(),
     CHECK (visibility_timeout BETWEEN 0 AND 43200),
@@ -136,14 +141,14 @@ CREATE TYPE conveyor.queue_metrics AS (
 ------------------------------------------------------------------------------------------
 
 CREATE FUNCTION conveyor._raise(code text, msg text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg;
 END $$;
 
 -- SQS naming: 1-80 characters of [A-Za-z0-9_-]; FIFO queues end in ".fifo".
 CREATE FUNCTION conveyor._name_check(queue_name text) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF queue_name IS NULL
        OR length(queue_name) > 80
@@ -157,7 +162,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION conveyor._queue(queue_name text) RETURNS conveyor.queues
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     q conveyor.queues;
 BEGIN
@@ -169,13 +174,8 @@ BEGIN
     RETURN q;
 END $$;
 
-CREATE FUNCTION conveyor._seq(queue_id bigint) RETURNS regclass
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog AS $$
-    SELECT ('conveyor.message_seq_' || queue_id)::regclass
-$$;
-
 CREATE FUNCTION conveyor._int_attr(attrs jsonb, key text, lo integer, hi integer) RETURNS integer
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v jsonb := attrs -> key;
     n numeric;
@@ -196,7 +196,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION conveyor._bool_attr(attrs jsonb, key text) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v jsonb := attrs -> key;
 BEGIN
@@ -213,7 +213,7 @@ END $$;
 -- Applies an attribute object to a queue row; keys absent keep their value, a JSON null
 -- resets a key to its default (or clears the redrive policy).
 CREATE FUNCTION conveyor._queue_apply(q conveyor.queues, attrs jsonb) RETURNS conveyor.queues
-LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     key text;
     dlq conveyor.queues;
@@ -330,6 +330,7 @@ BEGIN
             q.dead_letter_queue_id, q.content_based_deduplication)
     RETURNING id INTO q.id;
     EXECUTE format('CREATE SEQUENCE conveyor.%I AS bigint', 'message_seq_' || q.id);
+    UPDATE conveyor.queues SET seq = format('conveyor.%I', 'message_seq_' || q.id)::regclass WHERE id = q.id;
     RETURN QUERY SELECT * FROM conveyor.queue_info WHERE name = queue_name;
 END $$;
 
@@ -418,15 +419,14 @@ BEGIN
 END $$;
 
 CREATE FUNCTION conveyor._metrics(q conveyor.queues) RETURNS conveyor.queue_metrics
-LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
+LANGUAGE sql STABLE AS $$
     SELECT q.name,
            count(*) FILTER (WHERE m.vt <= now()),
            count(*) FILTER (WHERE m.vt > now() AND m.receive_count > 0),
            count(*) FILTER (WHERE m.vt > now() AND m.receive_count = 0),
            extract(epoch FROM now() - max(m.sent_at))::integer,
            extract(epoch FROM now() - min(m.sent_at))::integer,
-           (SELECT coalesce(s.last_value, 0) FROM pg_catalog.pg_sequences s
-             WHERE s.schemaname = 'conveyor' AND s.sequencename = 'message_seq_' || q.id),
+           coalesce(pg_sequence_last_value(q.seq), 0),
            (SELECT d.name FROM conveyor.queues d WHERE d.id = q.dead_letter_queue_id),
            (SELECT count(*) FROM conveyor.messages dm
              WHERE q.dead_letter_queue_id IS NOT NULL AND dm.queue_id = q.dead_letter_queue_id),
@@ -455,15 +455,20 @@ $$;
 -- deduplication must see earlier messages of the same batch.
 CREATE FUNCTION conveyor._send(q conveyor.queues, bodies text[], headers jsonb[], delays integer[],
                                content_types text[], group_ids text[], dedup_ids text[])
-RETURNS SETOF bigint
-LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
 DECLARE
     n integer := coalesce(cardinality(bodies), 0);
     i integer;
     mid bigint;
+    ids bigint[] := '{}';
     did text;
     gid text;
     ts timestamptz := now();
+    too_large bigint;
+    bad_delay bigint;
+    bad_headers bigint;
+    with_fifo_ids bigint;
 BEGIN
     IF n = 0 THEN
         PERFORM conveyor._raise('CVV01', 'no messages to send');
@@ -475,33 +480,41 @@ BEGIN
        OR cardinality(group_ids) <> n OR cardinality(dedup_ids) <> n THEN
         PERFORM conveyor._raise('CVV01', 'message arrays must all have one element per message');
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(bodies, headers) AS b(body, hdr)
-                WHERE b.body IS NULL
-                   OR octet_length(b.body) + coalesce(octet_length(b.hdr::text), 0) > q.max_message_size) THEN
+    -- every per-message check in one pass over the batch
+    SELECT count(*) FILTER (WHERE x.body IS NULL
+                              OR octet_length(x.body) + coalesce(octet_length(x.hdr::text), 0) > q.max_message_size),
+           count(*) FILTER (WHERE x.delay < 0 OR x.delay > 900),
+           count(*) FILTER (WHERE jsonb_typeof(x.hdr) <> 'object'),
+           count(*) FILTER (WHERE x.gid IS NOT NULL OR x.did IS NOT NULL)
+      INTO too_large, bad_delay, bad_headers, with_fifo_ids
+      FROM unnest(bodies, headers, delays, group_ids, dedup_ids) AS x(body, hdr, delay, gid, did);
+    IF too_large > 0 THEN
         PERFORM conveyor._raise('CVM01', format(
             'message must not be null and must be at most %s bytes (body and headers) in queue %s',
             q.max_message_size, quote_literal(q.name)));
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(delays) d WHERE d IS NOT NULL AND (d < 0 OR d > 900)) THEN
+    IF bad_delay > 0 THEN
         PERFORM conveyor._raise('CVV01', 'delay must be from 0 to 900 seconds');
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(headers) h WHERE h IS NOT NULL AND jsonb_typeof(h) <> 'object') THEN
+    IF bad_headers > 0 THEN
         PERFORM conveyor._raise('CVV01', 'headers must be a JSON object');
     END IF;
 
     IF NOT q.fifo THEN
-        IF EXISTS (SELECT 1 FROM unnest(group_ids, dedup_ids) AS x(g, d) WHERE x.g IS NOT NULL OR x.d IS NOT NULL) THEN
+        IF with_fifo_ids > 0 THEN
             PERFORM conveyor._raise('CVV01', 'group_id and dedup_id apply to FIFO queues only');
         END IF;
-        RETURN QUERY
-        INSERT INTO conveyor.messages AS m (queue_id, id, vt, sent_at, body, content_type, headers)
-        SELECT q.id, nextval(conveyor._seq(q.id)),
-               ts + make_interval(secs => coalesce(x.delay, q.delay_seconds)), ts,
-               x.body, x.ctype, x.hdr
-          FROM unnest(bodies, headers, delays, content_types) WITH ORDINALITY AS x(body, hdr, delay, ctype, ord)
-         ORDER BY x.ord
-        RETURNING m.id;
-        RETURN;
+        -- ids are drawn in input order, so sorting them restores it
+        WITH ins AS (
+            INSERT INTO conveyor.messages AS m (queue_id, id, vt, sent_at, body, content_type, headers)
+            SELECT q.id, nextval(q.seq),
+                   ts + make_interval(secs => coalesce(x.delay, q.delay_seconds)), ts,
+                   x.body, x.ctype, x.hdr
+              FROM unnest(bodies, headers, delays, content_types) WITH ORDINALITY AS x(body, hdr, delay, ctype, ord)
+             ORDER BY x.ord
+            RETURNING m.id)
+        SELECT array_agg(ins.id ORDER BY ins.id) INTO ids FROM ins;
+        RETURN ids;
     END IF;
 
     FOR i IN 1 .. n LOOP
@@ -520,7 +533,7 @@ BEGIN
         IF did !~ '^[!-~]{1,128}$' THEN
             PERFORM conveyor._raise('CVV01', 'a dedup_id is 1 to 128 printable ASCII characters');
         END IF;
-        mid := nextval(conveyor._seq(q.id));
+        mid := nextval(q.seq);
         INSERT INTO conveyor.dedup AS d (queue_id, dedup_id, message_id, expires_at)
         VALUES (q.id, did, mid, ts + interval '5 minutes')
         ON CONFLICT (queue_id, dedup_id) DO UPDATE
@@ -529,7 +542,7 @@ BEGIN
         RETURNING d.message_id INTO mid;
         IF mid IS NULL THEN
             -- a duplicate within the window: accepted, not stored again
-            RETURN NEXT (SELECT d.message_id FROM conveyor.dedup d WHERE d.queue_id = q.id AND d.dedup_id = did);
+            ids := ids || (SELECT d.message_id FROM conveyor.dedup d WHERE d.queue_id = q.id AND d.dedup_id = did);
             CONTINUE;
         END IF;
         -- DO UPDATE, not DO NOTHING: it locks the group row, so a concurrent clean-up
@@ -539,12 +552,13 @@ BEGIN
         INSERT INTO conveyor.messages (queue_id, id, vt, sent_at, body, content_type, headers, group_id, dedup_id)
         VALUES (q.id, mid, ts + make_interval(secs => q.delay_seconds), ts, bodies[i], content_types[i],
                 headers[i], gid, did);
-        RETURN NEXT mid;
+        ids := ids || mid;
     END LOOP;
+    RETURN ids;
 END $$;
 
 CREATE FUNCTION conveyor._wake(q conveyor.queues, n integer) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
     IF q.listened_until > now() THEN
         PERFORM pg_notify('conveyor_queue', n || ' ' || q.name);
@@ -565,11 +579,11 @@ DECLARE
     n integer := coalesce(cardinality(bodies), 0);
     nulls text[] := array_fill(NULL::text, ARRAY[n]);
 BEGIN
-    RETURN QUERY SELECT conveyor._send(
+    RETURN QUERY SELECT unnest(conveyor._send(
         q, bodies,
         coalesce(headers, array_fill(NULL::jsonb, ARRAY[n])),
         coalesce(delays, array_fill(NULL::integer, ARRAY[n])),
-        coalesce(content_types, nulls), coalesce(group_ids, nulls), coalesce(dedup_ids, nulls));
+        coalesce(content_types, nulls), coalesce(group_ids, nulls), coalesce(dedup_ids, nulls)));
     PERFORM conveyor._wake(q, n);
 END $$;
 
@@ -582,8 +596,8 @@ DECLARE
     q conveyor.queues := conveyor._queue(queue_name);
     mid bigint;
 BEGIN
-    SELECT conveyor._send(q, ARRAY[body], ARRAY[headers], ARRAY[delay], ARRAY[content_type],
-                          ARRAY[group_id], ARRAY[dedup_id]) INTO mid;
+    mid := (conveyor._send(q, ARRAY[body], ARRAY[headers], ARRAY[delay], ARRAY[content_type],
+                           ARRAY[group_id], ARRAY[dedup_id]))[1];
     PERFORM conveyor._wake(q, 1);
     RETURN mid;
 END $$;
@@ -595,7 +609,7 @@ END $$;
 -- Moves claimed messages that are past max_receive_count: to the dead-letter queue when
 -- there is one, else to the archive as failed (hq's max_attempts).
 CREATE FUNCTION conveyor._dead_letter(q conveyor.queues, ids bigint[], reason text) RETURNS integer
-LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
     dlq conveyor.queues;
@@ -617,7 +631,7 @@ BEGIN
         )
         INSERT INTO conveyor.messages (queue_id, id, vt, sent_at, body, content_type, headers,
                                        group_id, dedup_id, source_queue_id)
-        SELECT dlq.id, nextval(conveyor._seq(dlq.id)), now(), moved.sent_at, moved.body,
+        SELECT dlq.id, nextval(dlq.seq), now(), moved.sent_at, moved.body,
                moved.content_type, moved.headers, moved.group_id, moved.dedup_id, q.id
           FROM moved ORDER BY moved.id;
         GET DIAGNOSTICS n = ROW_COUNT;
@@ -643,7 +657,7 @@ END $$;
 -- Claims up to qty visible messages of a standard queue, oldest visible first.
 CREATE FUNCTION conveyor._claim(q conveyor.queues, vt_seconds integer, qty integer)
 RETURNS SETOF conveyor.messages
-LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
     expired bigint[];
@@ -683,7 +697,7 @@ END $$;
 -- group in flight.
 CREATE FUNCTION conveyor._claim_fifo(q conveyor.queues, vt_seconds integer, qty integer)
 RETURNS SETOF conveyor.messages
-LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
     groups text[];
