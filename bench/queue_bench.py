@@ -1,6 +1,6 @@
 """Queue throughput and long-poll latency, side by side in one run.
 
-    ./bin/conveyor-bench            (or: .venv/bin/python bench/queue_bench.py --help)
+    ./bin/bench [--seconds 3] [--repeat 3] [--clients 1 64]
 
 Columns, each measured in this one run against the same PostgreSQL:
   rest fusion=on / rest fusion=off   HTTP through `conveyor serve` (one process each)
@@ -249,6 +249,12 @@ async def main(args: argparse.Namespace) -> None:
         for s in servers.values():
             await s.wait_ready()
         connector = dict(limit=0, force_close=False)
+        # warm up both servers alike (pool connections opened, statements prepared), so
+        # that whichever column runs first is not penalised
+        for fusion, server in servers.items():
+            await prepare_queue(dsn, f"warmup_{fusion}")
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(**connector)) as session:
+                await rest_cells(server.url, f"warmup_{fusion}", 64, 1.0, args.max_ops, session)
         for clients in args.clients:
             for fusion, server in servers.items():
                 column = f"rest fusion={'on' if fusion else 'off'}"

@@ -7,10 +7,14 @@
     ├── Conflict                 409 — the request contradicts what is stored
     │   ├── QueueAlreadyExists     (CVQ02)
     │   └── MessageNotInFlight     (CVM02)
-    ├── InvalidInput             400 — the request is malformed or out of range (CVV01, SQLSTATE class 22)
-    │   └── MessageTooLarge        (CVM01)
+    ├── InvalidInput             400 — the request is malformed or out of range (CVV01)
+    │   ├── DataException          (SQLSTATE class 22: bad encodings, numbers out of range)
+    │   └── MessageTooLarge      413 (CVM01)
     ├── PermissionDenied         403 — the caller's role may not do this (42501)
+    ├── Unauthorized             403 — no or unknown credentials
     ├── Unavailable              503 — the database cannot be reached right now
+    │   └── SchemaMissing          (3F000) — the Conveyor schema is not installed
+    │       └── SchemaOutdated     (42883) — it lacks a function this code needs
     └── InternalError            500 — anything else; details go to the log, not the client
 
 Errors raised by the database enter Python in one place (``conveyor.db.execute``) and are
@@ -92,6 +96,17 @@ class Unauthorized(ConveyorError):
 
 class Unavailable(ConveyorError):
     pass
+
+
+class SchemaMissing(Unavailable, sqlstate="3F000"):
+    """Raised for a missing schema or function: the database needs ``conveyor db migrate``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message} (is the Conveyor schema installed? run `conveyor db migrate`)")
+
+
+class SchemaOutdated(SchemaMissing, sqlstate="42883"):
+    """A function the code needs is missing: the schema is older than the code."""
 
 
 class InternalError(ConveyorError):

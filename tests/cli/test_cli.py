@@ -259,3 +259,13 @@ def test_installed_entry_point(dsn):
     assert missing.returncode == 1 and "queue 'nope' does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr and missing.stdout == ""
     assert json.loads(_entry("--database-url", dsn, "status", "--json").stdout) == []
+
+
+def test_a_database_without_the_schema_says_to_migrate(empty_dsn):
+    from click.testing import CliRunner
+
+    from conveyor.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["--database-url", empty_dsn, "queues", "list"])
+    assert result.exit_code == 1
+    assert "conveyor db migrate" in result.output

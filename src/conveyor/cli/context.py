@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -13,6 +13,7 @@ import click
 
 from conveyor import errors
 from conveyor.db import embedded, pool
+from conveyor.db import migrate as migrations
 from conveyor.settings import Settings
 
 T = TypeVar("T")
@@ -41,7 +42,6 @@ def run(settings: Settings, action: Callable[[Any], Awaitable[T]], *, migrate: b
     async def go(dsn: str) -> T:
         async with pool.connect(dsn) as conn:
             if migrate and not settings.database_url:
-                from conveyor.db import migrate as migrations
                 await migrations.migrate(conn)
             return await action(conn)
 
@@ -50,9 +50,3 @@ def run(settings: Settings, action: Callable[[Any], Awaitable[T]], *, migrate: b
             return asyncio.run(go(dsn))
         except errors.ConveyorError as exc:
             raise click.ClickException(exc.message) from None
-
-
-@contextlib.asynccontextmanager
-async def connection(dsn: str) -> AsyncIterator[Any]:
-    async with pool.connect(dsn) as conn:
-        yield conn

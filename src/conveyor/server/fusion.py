@@ -133,8 +133,11 @@ class Fuser(Generic[K, Req, Res]):
         """Wait for every accepted request to be flushed (graceful shutdown)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
-                while self._tasks:
-                    await asyncio.gather(*list(self._tasks), return_exceptions=True)
+                while self._lanes or self._tasks:
+                    if self._tasks:
+                        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+                    else:  # only inline calls are running; they start the next batches
+                        await asyncio.sleep(0.005)
 
 
 def _fail(pending: _Pending[Req, Res], exc: BaseException) -> None:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 
 import orjson
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.server.metrics import Metrics
@@ -106,7 +107,6 @@ class BodyLimit:
             await _reply(send, 413, f"request body larger than {self.limit} bytes", "RequestTooLarge")
             return
         seen = 0
-        started = False
 
         async def limited_receive() -> Message:
             nonlocal seen
@@ -114,21 +114,8 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    # rendered by the app's HTTPException handler, in the protocol's format
+                    raise HTTPException(413, f"request body larger than {self.limit} bytes")
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await _reply(send, 413, f"request body larger than {self.limit} bytes", "RequestTooLarge")
-
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, limited_receive, send)

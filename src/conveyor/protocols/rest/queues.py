@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from conveyor import errors
 from conveyor.core import queues
 from conveyor.protocols.rest import models, render
 from conveyor.protocols.rest import request as req
@@ -45,8 +46,7 @@ async def delete_queue(request: Request) -> Response:
     async with broker(request).connection() as conn:
         dropped = await queues.drop(conn, req.queue_name(request))
     if not dropped:
-        return render.json({"error": f"queue {req.queue_name(request)!r} does not exist",
-                            "code": "QueueNotFound"}, 404)
+        return render.error(errors.QueueNotFound(f"queue {req.queue_name(request)!r} does not exist"))
     return Response(status_code=204)
 
 

@@ -89,7 +89,7 @@ def _guarded(endpoint: Endpoint) -> Handler:
 
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    code = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    code = {404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}.get(exc.status_code, "HTTPError")
     return render.json({"error": exc.detail, "code": code}, exc.status_code)
 
 

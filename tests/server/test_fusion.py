@@ -1,0 +1,100 @@
+"""The Fuser on its own: batching under load, answers per request, error isolation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conveyor import errors
+from conveyor.server.fusion import Fuser
+
+
+class Recorder:
+    """A fake SQL call that records its batches (the Fuser is pure asyncio)."""
+
+    def __init__(self, delay: float = 0.01) -> None:
+        self.calls: list[list[list[int]]] = []
+        self.delay = delay
+
+    async def __call__(self, key: str, requests):  # noqa: ANN001
+        self.calls.append(list(requests))
+        await asyncio.sleep(self.delay)
+        if any(-1 in r for r in requests):
+            raise errors.InvalidInput("negative")
+        return [[x * 10 for x in r] for r in requests]
+
+
+async def test_idle_lane_runs_inline_one_call_per_request():
+    run = Recorder()
+    fuser = Fuser(run, max_inflight=2, size=len)
+    assert await fuser.submit("q", [1]) == [10]
+    assert await fuser.submit("q", [2, 3]) == [20, 30]
+    assert run.calls == [[[1]], [[2, 3]]]
+
+
+async def test_concurrent_requests_fuse_and_each_gets_its_own_answer():
+    run = Recorder()
+    fuser = Fuser(run, max_inflight=1, size=len)
+    results = await asyncio.gather(*(fuser.submit("q", [i, i]) for i in range(50)))
+    assert results == [[i * 10, i * 10] for i in range(50)]
+    assert len(run.calls) < 5, "50 concurrent requests took a handful of calls"
+    assert sum(len(c) for c in run.calls) == 50
+
+
+async def test_batches_respect_max_batch_and_keys_are_separate():
+    run = Recorder()
+    fuser = Fuser(run, max_inflight=1, max_batch=10, size=len)
+    await asyncio.gather(*(fuser.submit(f"q{i % 2}", [i] * 3) for i in range(20)))
+    for call in run.calls:
+        assert sum(len(r) for r in call) <= 10 or len(call) == 1
+
+
+async def test_bad_input_fails_only_the_culprit():
+    run = Recorder()
+    fuser = Fuser(run, max_inflight=1, size=len)
+    blocker = asyncio.create_task(fuser.submit("q", [0]))  # occupies the slot
+    await asyncio.sleep(0)
+    tasks = [asyncio.create_task(fuser.submit("q", [v])) for v in (1, -1, 2)]
+    await blocker
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert done[0] == [10] and done[2] == [20]
+    assert isinstance(done[1], errors.InvalidInput)
+
+
+async def test_other_errors_reach_every_request_of_the_batch():
+    async def broken(key, requests):  # noqa: ANN001
+        await asyncio.sleep(0.01)
+        raise errors.Unavailable("down")
+
+    fuser = Fuser(broken, max_inflight=1)
+    results = await asyncio.gather(*(fuser.submit("q", i) for i in range(5)), return_exceptions=True)
+    assert all(isinstance(r, errors.Unavailable) for r in results)
+
+
+async def test_cancelled_caller_does_not_cancel_the_batch():
+    run = Recorder(delay=0.05)
+    fuser = Fuser(run, max_inflight=1, size=len)
+    first = asyncio.create_task(fuser.submit("q", [1]))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(fuser.submit("q", [2]))
+    third = asyncio.create_task(fuser.submit("q", [3]))
+    await asyncio.sleep(0)
+    second.cancel()
+    assert await first == [10] and await third == [30]
+    await fuser.drain(1)
+    assert [[2], [3]] in run.calls, "the cancelled request was still sent with its batch"
+
+
+async def test_drain_waits_for_queued_batches():
+    run = Recorder(delay=0.02)
+    fuser = Fuser(run, max_inflight=1, size=len)
+    tasks = [asyncio.create_task(fuser.submit("q", [i])) for i in range(10)]
+    await asyncio.sleep(0)
+    await fuser.drain(5)
+    assert all(t.done() for t in tasks)
+
+
+def test_max_inflight_must_allow_progress():
+    with pytest.raises(TypeError):
+        Fuser()  # type: ignore[call-arg]

@@ -1,0 +1,70 @@
+"""Middleware and app wiring, in process (Starlette's TestClient runs the lifespan)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from starlette.testclient import TestClient
+
+from conveyor.server.app import create_app
+from conveyor.settings import Settings
+
+
+@pytest.fixture
+def client(dsn):
+    app = create_app(Settings(max_request_bytes=1000, auth_mode="header", depth_scrape_interval=0.1), dsn)
+    with TestClient(app, headers={"Authorization": "x"}) as c:
+        yield c
+
+
+def test_body_limit_by_content_length_and_by_stream(client):
+    client.post("/v1/queues", json={"name": "jobs"})
+    r = client.post("/v1/queues/jobs/messages", content=b"x" * 2000)
+    assert r.status_code == 413 and r.json()["code"] == "RequestTooLarge"
+
+    def chunks():
+        for _ in range(20):
+            yield b"y" * 100
+
+    r = client.post("/v1/queues/jobs/messages", content=chunks())  # chunked, no length
+    assert r.status_code == 413
+
+
+def test_missing_authorization_is_403_but_health_is_open(client):
+    assert client.get("/v1/queues", headers={"Authorization": ""}).status_code == 200
+    bare = TestClient(client.app)
+    assert bare.get("/v1/queues").status_code == 403
+    assert bare.get("/livez").json()["status"] == "ok"
+
+
+def test_metrics_families(client):
+    client.post("/v1/queues", json={"name": "jobs"})
+    client.post("/v1/queues/jobs/messages", json={"message": "x"})
+    [m] = client.get("/v1/queues/jobs/messages").json()
+    client.delete(f"/v1/queues/jobs/messages/{m['id']}")
+    time.sleep(0.3)  # a depth scrape has run since
+    text = client.get("/metrics").text
+    for family in ("http_requests_total", "http_request_duration_seconds", "http_connections_active",
+                   "queue_messages_sent_total", "queue_messages_received_total", "queue_messages_deleted_total",
+                   "queue_messages_redelivered_total", "queue_message_send_duration_seconds",
+                   "queue_message_receive_duration_seconds", "queue_message_delete_duration_seconds",
+                   "queue_message_age_at_receive_seconds", "queue_coalescer_flush_batch_size",
+                   "queue_depth", "queue_in_flight", "db_pool_size", "db_pool_idle", "db_pool_active",
+                   "db_pool_acquire_timeouts_total"):
+        assert f"\n# TYPE {family}" in text or f"# TYPE {family.removesuffix('_total')}" in text, family
+    assert 'queue_messages_sent_total{queue="jobs"} 1.0' in text
+    assert 'http_requests_total{method="POST",path="/v1/queues/{name}/messages",status="201"} 1.0' in text
+    assert 'queue_depth{queue="jobs"} 0.0' in text
+
+
+def test_unhandled_errors_are_json_500_without_internals(dsn):
+    app = create_app(Settings(auth_mode="none"), dsn)
+
+    async def boom(request):  # noqa: ANN001
+        raise RuntimeError("secret internals")
+
+    app.router.add_route("/boom", boom)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.get("/boom")
+    assert r.status_code == 500 and r.json() == {"error": "internal error", "code": "InternalError"}
