@@ -4,6 +4,10 @@ VENV="${CONVEYOR_VENV:-$here/.venv}"
 bootstrap() {
   local extras="$1" stamp want python target
   python="${PYTHON:-python3}"
+  # No PostgreSQL server on this machine: take its binaries from PyPI (extra "embedded")
+  if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+    extras="${extras:+$extras,}embedded"
+  fi
   if [ ! -x "$VENV/bin/python" ]; then
     "$python" -m venv "$VENV" >&2
   fi

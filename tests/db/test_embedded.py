@@ -282,3 +282,40 @@ def test_find_binaries_explains_an_empty_conveyor_pg_bin(monkeypatch, tmp_path):
     with pytest.raises(EmbeddedError, match="CONVEYOR_PG_BIN"):
         EmbeddedPostgres(tmp_path / "data").start()
     assert not (tmp_path / "data").exists()  # failed before touching the disk
+
+
+def test_find_binaries_falls_back_to_the_pgserver_package(monkeypatch, tmp_path):
+    """No PostgreSQL on PATH nor under /usr/lib/postgresql: PyPI's pgserver binaries."""
+    import conveyor.db.embedded as embedded
+
+    monkeypatch.delenv("CONVEYOR_PG_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(embedded, "DEBIAN_ROOT", str(tmp_path / "nowhere"))
+    found = find_binaries()
+    assert found.parts[-3:] == ("pgserver", "pginstall", "bin")
+
+
+def test_pgserver_binaries_run_a_cluster(monkeypatch, make):
+    """The binaries from PyPI drive a real cluster like any installation. They are
+    copied (with the libraries they link) under /tmp so that the unprivileged run user
+    can reach them wherever the virtualenv lives."""
+    import importlib.util
+
+    site = Path(importlib.util.find_spec("pgserver").origin).parent.parent
+    root = Path(tempfile.mkdtemp(prefix="conveyor-pgserver-", dir="/tmp"))
+    try:
+        shutil.copytree(site / "pgserver" / "pginstall", root / "pgserver" / "pginstall", symlinks=True)
+        shutil.copytree(site / "pgserver.libs", root / "pgserver.libs", symlinks=True)
+        for path in [root, *root.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o555 if path.is_dir() else path.stat().st_mode | 0o444)
+        monkeypatch.setenv("CONVEYOR_PG_BIN", str(root / "pgserver" / "pginstall" / "bin"))
+        data = Path(tempfile.mkdtemp(prefix="conveyor-pgserver-data-", dir="/tmp"))
+        data.chmod(0o755)
+        pg = make(data)
+        with psycopg.connect(pg.start()) as conn:
+            version = conn.execute("SHOW server_version_num").fetchone()[0]
+        assert int(version) >= 160000
+        pg.stop()
+        shutil.rmtree(data, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -51,6 +51,7 @@ are used; the server is driven with ``initdb`` and ``pg_ctl``.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import logging
 import os
 import pwd
@@ -78,6 +79,7 @@ SYSTEM_PORT = 5432  # belongs to the machine's own PostgreSQL; never used
 START_TIMEOUT = 30.0  # seconds for the server to accept connections
 STOP_TIMEOUT = 60  # seconds for a fast shutdown (includes the final checkpoint)
 REQUIRED_BINARIES = ("initdb", "pg_ctl", "postgres")
+DEBIAN_ROOT = "/usr/lib/postgresql"  # Debian/Ubuntu keep server binaries here, off PATH
 RUN_USERS = ("postgres", "nobody")
 # Below Linux's default ephemeral range (32768-60999), so an outgoing
 # connection is unlikely to grab our port while the server is down.
@@ -174,21 +176,37 @@ def find_binaries() -> Path:
             if not _missing_binaries(directory):
                 return directory
 
-    installed = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=_version_key)
+    installed = sorted(Path(DEBIAN_ROOT).glob("*/bin"), key=_version_key)
     for directory in reversed(installed):
         if not _missing_binaries(directory):
             return directory
+
+    bundled = _pgserver_binaries()
+    if bundled is not None and not _missing_binaries(bundled):
+        return bundled
 
     path_result = f"pg_ctl at {on_path} but no initdb/postgres beside it" if on_path else "no pg_ctl"
     raise EmbeddedError(
         "Could not find the PostgreSQL server programs (initdb, pg_ctl, postgres) "
         "needed to run the embedded database. Searched: $CONVEYOR_PG_BIN (unset), "
         f"PATH ({path_result}), "
-        "and /usr/lib/postgresql/*/bin. Install the PostgreSQL server "
-        "(e.g. `apt-get install postgresql` or `brew install postgresql`), set "
+        "/usr/lib/postgresql/*/bin and the PyPI package pgserver. Install the PostgreSQL "
+        "server (e.g. `apt-get install postgresql`, or `pip install 'conveyor[embedded]'` "
+        "for binaries from PyPI), set "
         "CONVEYOR_PG_BIN to the directory holding those programs, or set "
         "DATABASE_URL to use an existing PostgreSQL server."
     )
+
+
+def _pgserver_binaries() -> Path | None:
+    """The PostgreSQL binaries shipped inside the PyPI package ``pgserver`` (the
+    ``embedded`` extra), if installed. Only its binaries are used, driven like any
+    other installation; its own Python wrapper (unix socket only, and it creates a
+    system user when run as root) is never imported."""
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "pginstall" / "bin"
 
 
 def _run_user() -> _RunUser | None:
