@@ -12,7 +12,7 @@ async def test_create_defaults(conn):
     q = await queues.create(conn, "jobs")
     assert q.name == "jobs" and not q.fifo
     assert (q.visibility_timeout, q.delay_seconds, q.retention_seconds) == (30, 0, 345600)
-    assert (q.max_message_size, q.receive_wait_seconds, q.max_receive_count) == (262144, 0, None)
+    assert (q.max_message_size, q.receive_wait_seconds, q.max_receive_count) == (1048576, 0, None)
 
 
 async def test_create_with_every_attribute(conn):

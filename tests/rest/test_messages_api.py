@@ -109,7 +109,7 @@ def test_fifo_through_rest(http, queue_name):
     ([], 400, "at least 1"),
     ("just a string", 400, "message"),
     ({"message": "a\u0000b"}, 400, "NUL"),
-    ({"message": "x" * 262145}, 413, "at most"),
+    ({"message": "x" * 1048577}, 413, "at most"),
 ])
 def test_bad_sends(http, q, payload, status, fragment):
     r = http.post(f"{q}/messages", json=payload)

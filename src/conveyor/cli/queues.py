@@ -46,7 +46,7 @@ def attribute_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--retention", type=int, metavar="SECONDS",
                      help="How long messages are kept (60-1209600; default 345600 = 4 days)."),
         click.option("--max-message-size", type=int, metavar="BYTES",
-                     help="Largest body plus headers (1024-1048576; default 262144)."),
+                     help="Largest body plus headers (1024-1048576; default 1048576)."),
         click.option("--receive-wait", type=int, metavar="SECONDS",
                      help="Default long-poll wait of receives over the API (0-20; default 0)."),
         click.option("--max-receive-count", type=int, metavar="N",

@@ -26,7 +26,7 @@ CREATE TABLE conveyor.queues (
     visibility_timeout   integer NOT NULL DEFAULT 30,
     delay_seconds        integer NOT NULL DEFAULT 0,
     retention_seconds    integer NOT NULL DEFAULT 345600,
-    max_message_size     integer NOT NULL DEFAULT 262144,
+    max_message_size     integer NOT NULL DEFAULT 1048576,
     receive_wait_seconds integer NOT NULL DEFAULT 0,
     max_receive_count    integer,
     dead_letter_queue_id bigint REFERENCES conveyor.queues (id) ON DELETE SET NULL,
@@ -241,7 +241,7 @@ BEGIN
         q.retention_seconds := coalesce(conveyor._int_attr(attrs, 'retention_seconds', 60, 1209600), 345600);
     END IF;
     IF attrs ? 'max_message_size' THEN
-        q.max_message_size := coalesce(conveyor._int_attr(attrs, 'max_message_size', 1024, 1048576), 262144);
+        q.max_message_size := coalesce(conveyor._int_attr(attrs, 'max_message_size', 1024, 1048576), 1048576);
     END IF;
     IF attrs ? 'receive_wait_seconds' THEN
         q.receive_wait_seconds := coalesce(conveyor._int_attr(attrs, 'receive_wait_seconds', 0, 20), 0);
@@ -300,7 +300,7 @@ BEGIN
     q.visibility_timeout := 30;
     q.delay_seconds := 0;
     q.retention_seconds := 345600;
-    q.max_message_size := 262144;
+    q.max_message_size := 1048576;
     q.receive_wait_seconds := 0;
     q.content_based_deduplication := false;
     q := conveyor._queue_apply(q, coalesce(attributes, '{}'));
