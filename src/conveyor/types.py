@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 QUEUE_ATTRIBUTES = (
     "visibility_timeout",
@@ -37,6 +38,9 @@ class Queue:
     content_based_deduplication: bool
     created_at: datetime
     updated_at: datetime
+    extra_attributes: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    purged_at: datetime | None = None
 
     def attributes(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in QUEUE_ATTRIBUTES}
@@ -66,6 +70,24 @@ class OutgoingMessage:
     content_type: str | None = None
     group_id: str | None = None
     dedup_id: str | None = None
+    sender_id: str | None = None
+    system_attributes: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The message as the SQL API's JSON message object (absent keys are omitted)."""
+        return {k: v for k in _OUTGOING_KEYS if (v := getattr(self, k)) is not None}
+
+
+_OUTGOING_KEYS = ("body", "headers", "delay", "content_type", "group_id", "dedup_id", "sender_id",
+                  "system_attributes")
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What a send returns for one message."""
+
+    id: int
+    message_uuid: UUID
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +106,9 @@ class Message:
     group_id: str | None = None
     dedup_id: str | None = None
     source_queue_id: int | None = None
+    message_uuid: UUID | None = None
+    sender_id: str | None = None
+    system_attributes: dict[str, Any] | None = None
 
     @property
     def is_json(self) -> bool:

@@ -40,7 +40,7 @@ async def test_deduplication_within_five_minutes(conn):
     first = await messages.send(conn, "q.fifo", fifo("x", "g", "d1"))
     dup = await messages.send(conn, "q.fifo", fifo("other body", "g", "d1"))
     assert dup == first
-    ids = await messages.send_batch(conn, "q.fifo", [fifo("y", "g", "d2"), fifo("y again", "g", "d2")])
+    ids = [s.id for s in await messages.send_batch(conn, "q.fifo", [fifo("y", "g", "d2"), fifo("y again", "g", "d2")])]
     assert ids[0] == ids[1]
     assert [m.body for m in await messages.peek(conn, "q.fifo")] == ["x", "y"]
     await conn.execute("UPDATE conveyor.dedup SET expires_at = now() - interval '1 second'")
@@ -93,7 +93,17 @@ async def test_purge_then_send_again(conn):
 
 async def test_clean_up_removes_empty_groups_only(conn):
     await queues.create(conn, "q.fifo")
-    [a, _] = await messages.send_batch(conn, "q.fifo", [fifo("a", "ga"), fifo("b", "gb")])
+    [a, _] = [s.id for s in await messages.send_batch(conn, "q.fifo", [fifo("a", "ga"), fifo("b", "gb")])]
     await messages.delete(conn, "q.fifo", [a])
     assert (await queues.maintenance(conn))["empty_groups"] == 1
     assert [m.body for m in await messages.receive(conn, "q.fifo")] == ["b"]
+
+
+async def test_a_duplicate_returns_the_first_messages_uuid(conn):
+    await queues.create(conn, "q.fifo")
+    [first] = await messages.send_batch(conn, "q.fifo", [fifo("x", "g", "d")])
+    [dup] = await messages.send_batch(conn, "q.fifo", [fifo("y", "g", "d")])
+    assert dup == first
+    await messages.delete(conn, "q.fifo", [first.id])
+    [again] = await messages.send_batch(conn, "q.fifo", [fifo("z", "g", "d")])
+    assert again == first  # still within the window, even once the original is gone

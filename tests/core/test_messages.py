@@ -34,7 +34,7 @@ async def test_bodies_are_stored_byte_exact(conn):
     await queues.create(conn, "jobs")
     bodies = ["  padded  \n", "emoji 🎉 and ünïcödé", '{"a": 1,   "b":[ ]}', "\t\r\n", "x" * 200_000,
               "quotes ' \" \\ $$ %s %(x)s"]
-    ids = await messages.send_batch(conn, "jobs", [M(b) for b in bodies])
+    ids = [s.id for s in await messages.send_batch(conn, "jobs", [M(b) for b in bodies])]
     got = await messages.receive(conn, "jobs", qty=10)
     assert [m.id for m in got] == ids
     assert [m.body for m in got] == bodies
@@ -49,7 +49,7 @@ async def test_nul_characters_are_rejected_cleanly(conn):
 
 async def test_batch_ids_in_order_and_in_one_statement(conn):
     await queues.create(conn, "jobs")
-    ids = await messages.send_batch(conn, "jobs", [M(str(i), headers={"i": i}) for i in range(100)])
+    ids = [s.id for s in await messages.send_batch(conn, "jobs", [M(str(i), headers={"i": i}) for i in range(100)])]
     assert ids == sorted(ids) and len(set(ids)) == 100
     got = await messages.receive(conn, "jobs", qty=100)
     assert [m.headers["i"] for m in got] == list(range(100))
@@ -109,7 +109,7 @@ async def test_receive_with_wait_polls_inside_the_database(conn):
 
 async def test_set_vt_single_batch_and_in_flight_only(conn):
     await queues.create(conn, "jobs")
-    a, b = await messages.send_batch(conn, "jobs", [M("a"), M("b")])
+    a, b = [s.id for s in await messages.send_batch(conn, "jobs", [M("a"), M("b")])]
     await messages.receive(conn, "jobs", qty=1, vt=300)  # a in flight
     changed = await messages.set_vt(conn, "jobs", [a, b], 0, in_flight_only=True)
     assert [m.id for m in changed] == [a]
@@ -123,7 +123,7 @@ async def test_set_vt_single_batch_and_in_flight_only(conn):
 
 async def test_archive_and_pop_and_peek(conn):
     await queues.create(conn, "jobs")
-    ids = await messages.send_batch(conn, "jobs", [M(str(i)) for i in range(4)])
+    ids = [s.id for s in await messages.send_batch(conn, "jobs", [M(str(i)) for i in range(4)])]
     peeked = await messages.peek(conn, "jobs", qty=10)
     assert [m.id for m in peeked] == ids and all(m.receive_count == 0 for m in peeked)
     assert [m.id for m in await messages.peek(conn, "jobs", qty=2, after_id=ids[0])] == ids[1:3]
@@ -192,7 +192,7 @@ async def test_group_and_dedup_ids_only_on_fifo(conn):
 
 async def test_retention_clean_up(conn):
     await queues.create(conn, "jobs", {"retention_seconds": 60})
-    old, new = await messages.send_batch(conn, "jobs", [M("old"), M("new")])
+    old, new = [s.id for s in await messages.send_batch(conn, "jobs", [M("old"), M("new")])]
     await messages.archive(conn, "jobs", [await messages.send(conn, "jobs", M("archived"))])
     await conn.execute("UPDATE conveyor.messages SET sent_at = now() - interval '2 minutes' WHERE id = %s", (old,))
     await conn.execute("UPDATE conveyor.archive SET archived_at = now() - interval '2 minutes'")
@@ -200,3 +200,20 @@ async def test_retention_clean_up(conn):
     assert report["expired_messages"] == 1 and report["expired_archive"] == 1
     assert [m.id for m in await messages.peek(conn, "jobs")] == [new]
     assert (await queues.maintenance(conn))["expired_messages"] == 0
+
+
+async def test_message_uuid_sender_and_system_attributes_travel_with_the_message(conn):
+    await queues.create(conn, "dlq")
+    await queues.create(conn, "jobs", {"max_receive_count": 1, "dead_letter_queue": "dlq"})
+    [sent] = await messages.send_batch(conn, "jobs", [M("x", sender_id="AIDA1", system_attributes={"AWSTraceHeader": "t"})])
+    [got] = await messages.receive(conn, "jobs", vt=0)
+    assert (got.message_uuid, got.sender_id, got.system_attributes) == (sent.message_uuid, "AIDA1", {"AWSTraceHeader": "t"})
+    assert await messages.receive(conn, "jobs") == []  # dead-lettered now
+    [dead] = await messages.peek(conn, "dlq")
+    assert dead.message_uuid == sent.message_uuid and dead.sender_id == "AIDA1"
+
+
+async def test_bad_message_objects_are_rejected(conn):
+    await queues.create(conn, "jobs")
+    with pytest.raises(errors.InvalidInput, match="system_attributes"):
+        await messages.send_batch(conn, "jobs", [M("x", system_attributes=["no"])])  # type: ignore[arg-type]

@@ -156,3 +156,43 @@ async def test_listen_and_unknown_queue(conn):
     assert await queues.listen(conn, "jobs", 30) is not None
     with pytest.raises(errors.QueueNotFound):
         await queues.listen(conn, "nope", 30)
+
+
+async def test_region_prefixed_names(conn):
+    q = await queues.create(conn, "eu-west-1:jobs")
+    assert q.name == "eu-west-1:jobs" and not q.fifo
+    assert (await queues.create(conn, "eu-west-1:orders.fifo")).fifo
+    with pytest.raises(errors.InvalidInput):
+        await queues.create(conn, "Not A Region:jobs")
+    assert [x.name for x in await queues.list_all(conn, prefix="eu-west-1:")] == ["eu-west-1:jobs",
+                                                                                  "eu-west-1:orders.fifo"]
+
+
+async def test_extra_attributes_merge_and_take_part_in_create_matching(conn):
+    q = await queues.create(conn, "jobs", {"extra_attributes": {"Policy": "{}", "KmsMasterKeyId": "k1"}})
+    assert q.extra_attributes == {"Policy": "{}", "KmsMasterKeyId": "k1"}
+    assert (await queues.create(conn, "jobs", {"extra_attributes": {"KmsMasterKeyId": "k1"}})).name == "jobs"
+    with pytest.raises(errors.QueueAlreadyExists):
+        await queues.create(conn, "jobs", {"extra_attributes": {"KmsMasterKeyId": "k2"}})
+    q = await queues.alter(conn, "jobs", {"extra_attributes": {"KmsMasterKeyId": None, "Other": "x"}})
+    assert q.extra_attributes == {"Policy": "{}", "Other": "x"}
+    with pytest.raises(errors.InvalidInput, match="extra_attributes"):
+        await queues.alter(conn, "jobs", {"extra_attributes": ["not", "an", "object"]})
+
+
+async def test_tags(conn):
+    await queues.create(conn, "jobs")
+    assert await queues.tag(conn, "jobs", {"team": "a", "env": "dev"}) == {"team": "a", "env": "dev"}
+    assert await queues.tag(conn, "jobs", {"team": "b", "env": None}) == {"team": "b"}
+    assert await queues.untag(conn, "jobs", ["team", "nope"]) == {}
+    with pytest.raises(errors.InvalidInput, match="tags"):
+        await queues.tag(conn, "jobs", {"n": 1})  # type: ignore[dict-item]
+    with pytest.raises(errors.QueueNotFound):
+        await queues.tag(conn, "missing", {"a": "b"})
+
+
+async def test_purge_records_when(conn):
+    await queues.create(conn, "jobs")
+    assert (await queues.get(conn, "jobs")).purged_at is None
+    await queues.purge(conn, "jobs")
+    assert (await queues.get(conn, "jobs")).purged_at is not None

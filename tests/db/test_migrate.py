@@ -11,7 +11,7 @@ from conveyor.db import migrate, pool
 
 async def test_migrate_twice_keeps_queues_and_messages(dsn, conn):
     await queues.create(conn, "jobs", {"visibility_timeout": 7})
-    ids = await messages.send_batch(conn, "jobs", [types.OutgoingMessage(str(i)) for i in range(10)])
+    ids = [s.id for s in await messages.send_batch(conn, "jobs", [types.OutgoingMessage(str(i)) for i in range(10)])]
     await messages.receive(conn, "jobs", qty=3)
     for _ in range(2):
         assert await migrate.migrate(conn) == []  # nothing left to apply

@@ -88,7 +88,7 @@ async def test_concurrent_fifo_senders_with_the_same_dedup_id_store_one(dsn, con
 
 async def test_receive_does_not_block_on_rows_locked_by_another_transaction(dsn, conn):
     await queues.create(conn, "jobs")
-    a, b = await messages.send_batch(conn, "jobs", [M("a"), M("b")])
+    a, b = [s.id for s in await messages.send_batch(conn, "jobs", [M("a"), M("b")])]
     async with pool.connect(dsn, autocommit=False) as holder:
         await holder.execute("SELECT 1 FROM conveyor.messages WHERE id = %s FOR UPDATE", (a,))
         got = await asyncio.wait_for(messages.receive(conn, "jobs", qty=2), 5)

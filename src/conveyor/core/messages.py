@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from conveyor import types
+import orjson
+
+from conveyor import errors, types
 from conveyor.db import execute as db
 
 Connection = db.Connection
@@ -22,17 +24,13 @@ async def send(conn: Connection, queue: str, message: types.OutgoingMessage) -> 
     }))
 
 
-async def send_batch(conn: Connection, queue: str, messages: Sequence[types.OutgoingMessage]) -> list[int]:
-    """Send many messages in one SQL call; ids come back in input order."""
-    return [int(i) for i in await db.fetch_column(conn, "message_send_batch", {
-        "queue": queue,
-        "bodies": [m.body for m in messages],
-        "headers": [m.headers for m in messages],
-        "delays": [m.delay for m in messages],
-        "content_types": [m.content_type for m in messages],
-        "group_ids": [m.group_id for m in messages],
-        "dedup_ids": [m.dedup_id for m in messages],
-    })]
+async def send_batch(conn: Connection, queue: str, messages: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
+    """Send many messages in one SQL call; results come back in input order."""
+    if any("\x00" in m.body for m in messages):
+        # PostgreSQL text cannot hold NUL; say so rather than echo a JSON parser error
+        raise errors.InvalidInput("message bodies cannot contain NUL characters (U+0000)")
+    payload = orjson.dumps([m.to_json() for m in messages]).decode()
+    return await db.fetch_all(conn, "message_send_json", {"queue": queue, "messages": payload}, row=types.Sent)
 
 
 async def receive(conn: Connection, queue: str, qty: int = 1, vt: int | None = None,

@@ -39,6 +39,15 @@ async def purge(conn: Connection, name: str) -> int:
     return int(await db.fetch_value(conn, "queue_purge", {"name": name}))
 
 
+async def tag(conn: Connection, name: str, tags: Mapping[str, str | None]) -> dict[str, str]:
+    """Add or change tags (a None value removes the tag); returns all tags."""
+    return await db.fetch_value(conn, "queue_tag", {"name": name, "tags": dict(tags)})
+
+
+async def untag(conn: Connection, name: str, keys: list[str]) -> dict[str, str]:
+    return await db.fetch_value(conn, "queue_untag", {"name": name, "keys": keys})
+
+
 async def listen(conn: Connection, name: str, seconds: int) -> datetime:
     """Ask senders to NOTIFY about this queue for the next ``seconds``."""
     return await db.fetch_value(conn, "queue_listen", {"name": name, "seconds": seconds})

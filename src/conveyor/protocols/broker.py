@@ -17,8 +17,8 @@ class Broker(Protocol):
     def connection(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """A pooled autocommit connection for core ops."""
 
-    async def send(self, queue: str, messages: Sequence[types.OutgoingMessage]) -> list[int]:
-        """Send and return ids once committed (possibly fused with other requests)."""
+    async def send(self, queue: str, messages: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
+        """Send; answers once committed (possibly fused with other requests)."""
 
     async def receive(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
         """Receive, long-polling up to ``params.wait`` without holding a connection."""

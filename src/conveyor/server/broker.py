@@ -63,17 +63,18 @@ class ServerBroker:
 
     # -- send ------------------------------------------------------------------------
 
-    async def _send_batch(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[int]:
+    async def _send_batch(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
         async with self.database.connection() as conn:
-            ids = await self._timed(self.metrics.send_duration, queue, messages.send_batch(conn, queue, batch))
-        self.metrics.sent.labels(queue).inc(len(ids))
-        return ids
+            sent = await self._timed(self.metrics.send_duration, queue, messages.send_batch(conn, queue, batch))
+        self.metrics.sent.labels(queue).inc(len(sent))
+        return sent
 
-    async def _send_fused(self, queue: str, requests: Sequence[Sequence[types.OutgoingMessage]]) -> list[list[int]]:
-        ids = await self._send_batch(queue, [m for r in requests for m in r])
-        return _split(ids, [len(r) for r in requests])
+    async def _send_fused(self, queue: str,
+                          requests: Sequence[Sequence[types.OutgoingMessage]]) -> list[list[types.Sent]]:
+        sent = await self._send_batch(queue, [m for r in requests for m in r])
+        return _split(sent, [len(r) for r in requests])
 
-    async def send(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[int]:
+    async def send(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
         if "send" in self.fusers:
             return await self.fusers["send"].submit(queue, batch)
         return await self._send_batch(queue, batch)

@@ -31,11 +31,11 @@ async def send(request: Request) -> Response:
         raise errors.InvalidInput("invalid request: the body must be a message object or an array of message objects")
     if isinstance(data, list):
         batch = req.validate(models.SendBatch, data).root
-        ids = await broker(request).send(req.queue_name(request), [_outgoing(m) for m in batch])
-        return render.json({"ids": ids}, 201)
+        sent = await broker(request).send(req.queue_name(request), [_outgoing(m) for m in batch])
+        return render.json({"ids": [s.id for s in sent]}, 201)
     single = req.validate(models.MessageIn, data)
-    [mid] = await broker(request).send(req.queue_name(request), [_outgoing(single)])
-    return render.json({"id": mid}, 201)
+    [sent] = await broker(request).send(req.queue_name(request), [_outgoing(single)])
+    return render.json({"id": sent.id}, 201)
 
 
 async def receive(request: Request) -> Response:

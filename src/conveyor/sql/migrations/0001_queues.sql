@@ -36,6 +36,11 @@ CREATE TABLE conveyor.queues (
     listened_until       timestamptz NOT NULL DEFAULT '-infinity',
     -- the queue's message id sequence (conveyor.message_seq_<id>), set at creation
     seq                  regclass,
+    -- attributes Conveyor keeps for a wire protocol without acting on them (e.g. an SQS
+    -- Policy or KMS key id), and the queue's tags
+    extra_attributes     jsonb NOT NULL DEFAULT '{}',
+    tags                 jsonb NOT NULL DEFAULT '{}',
+    purged_at            timestamptz,
     created_at           timestamptz NOT NULL DEFAULT now(),
     updated_at           timestamptz NOT NULL DEFAULT now(),
     CHECK (visibility_timeout BETWEEN 0 AND 43200),
@@ -62,6 +67,11 @@ CREATE TABLE conveyor.messages (
     dedup_id          text,
     -- set when the message reached this queue as a dead letter: where it came from
     source_queue_id   bigint,
+    -- a globally unique id that stays with the message when it is dead-lettered (SQS's
+    -- MessageId), who sent it, and attributes the broker itself interprets (AWSTraceHeader)
+    message_uuid      uuid NOT NULL DEFAULT gen_random_uuid(),
+    sender_id         text,
+    system_attributes jsonb,
     PRIMARY KEY (queue_id, id)
 );
 -- Standard receive: oldest visible first.
@@ -83,6 +93,9 @@ CREATE TABLE conveyor.archive (
     group_id          text,
     dedup_id          text,
     source_queue_id   bigint,
+    message_uuid      uuid NOT NULL,
+    sender_id         text,
+    system_attributes jsonb,
     archived_at       timestamptz NOT NULL DEFAULT now(),
     outcome           text NOT NULL CHECK (outcome IN ('completed', 'failed')),
     error             text,
@@ -99,10 +112,11 @@ CREATE TABLE conveyor.message_groups (
 
 -- FIFO: deduplication ids seen in the last five minutes.
 CREATE TABLE conveyor.dedup (
-    queue_id   bigint NOT NULL,
-    dedup_id   text NOT NULL,
-    message_id bigint NOT NULL,
-    expires_at timestamptz NOT NULL,
+    queue_id     bigint NOT NULL,
+    dedup_id     text NOT NULL,
+    message_id   bigint NOT NULL,
+    message_uuid uuid NOT NULL,
+    expires_at   timestamptz NOT NULL,
     PRIMARY KEY (queue_id, dedup_id)
 );
 
@@ -119,9 +133,15 @@ SELECT q.name,
        d.name AS dead_letter_queue,
        q.content_based_deduplication,
        q.created_at,
-       q.updated_at
+       q.updated_at,
+       q.extra_attributes,
+       q.tags,
+       q.purged_at
   FROM conveyor.queues q
   LEFT JOIN conveyor.queues d ON d.id = q.dead_letter_queue_id;
+
+-- What a send returns per message.
+CREATE TYPE conveyor.sent AS (id bigint, message_uuid uuid);
 
 CREATE TYPE conveyor.queue_metrics AS (
     queue_name         text,
@@ -146,16 +166,20 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg;
 END $$;
 
--- SQS naming: 1-80 characters of [A-Za-z0-9_-]; FIFO queues end in ".fifo".
+-- SQS naming: 1-80 characters of [A-Za-z0-9_-]; FIFO queues end in ".fifo". A queue of
+-- another region than the server's default (SQS scopes queues per region) carries the
+-- region as a prefix: "eu-west-1:jobs".
 CREATE FUNCTION conveyor._name_check(queue_name text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    bare text := regexp_replace(queue_name, '^[a-z0-9-]{1,32}:', '');
 BEGIN
     IF queue_name IS NULL
-       OR length(queue_name) > 80
-       OR queue_name !~ '^[A-Za-z0-9_-]+(\.fifo)?$'
-       OR queue_name = '.fifo' THEN
+       OR length(bare) > 80
+       OR bare !~ '^[A-Za-z0-9_-]+(\.fifo)?$'
+       OR bare = '.fifo' THEN
         PERFORM conveyor._raise('CVV01', format(
-            'invalid queue name %s: use 1 to 80 characters of A-Z, a-z, 0-9, hyphen and underscore, with the suffix .fifo for FIFO queues',
+            'invalid queue name %s: use 1 to 80 characters of A-Z, a-z, 0-9, hyphen and underscore, with the suffix .fifo for FIFO queues (and optionally a region prefix such as eu-west-1:)',
             coalesce(quote_literal(left(queue_name, 100)), 'NULL')));
     END IF;
     RETURN queue_name LIKE '%.fifo';
@@ -224,7 +248,8 @@ BEGIN
     FOR key IN SELECT jsonb_object_keys(attrs) LOOP
         IF key NOT IN ('visibility_timeout', 'delay_seconds', 'retention_seconds',
                        'max_message_size', 'receive_wait_seconds', 'max_receive_count',
-                       'dead_letter_queue', 'content_based_deduplication', 'fifo') THEN
+                       'dead_letter_queue', 'content_based_deduplication', 'fifo',
+                       'extra_attributes') THEN
             PERFORM conveyor._raise('CVV01', format('unknown queue attribute %s', quote_literal(left(key, 100))));
         END IF;
     END LOOP;
@@ -271,6 +296,16 @@ BEGIN
             q.dead_letter_queue_id := dlq.id;
         END IF;
     END IF;
+    IF attrs ? 'extra_attributes' THEN
+        IF jsonb_typeof(attrs -> 'extra_attributes') = 'null' THEN
+            q.extra_attributes := '{}';
+        ELSIF jsonb_typeof(attrs -> 'extra_attributes') <> 'object' THEN
+            PERFORM conveyor._raise('CVV01', 'extra_attributes must be a JSON object');
+        ELSE
+            -- merged key by key; a JSON null removes a key
+            q.extra_attributes := jsonb_strip_nulls(coalesce(q.extra_attributes, '{}') || (attrs -> 'extra_attributes'));
+        END IF;
+    END IF;
     IF q.dead_letter_queue_id IS NOT NULL AND q.max_receive_count IS NULL THEN
         PERFORM conveyor._raise('CVV01', 'a dead_letter_queue needs max_receive_count');
     END IF;
@@ -303,6 +338,7 @@ BEGIN
     q.max_message_size := 1048576;
     q.receive_wait_seconds := 0;
     q.content_based_deduplication := false;
+    q.extra_attributes := '{}';
     q := conveyor._queue_apply(q, coalesce(attributes, '{}'));
     IF existing.id IS NOT NULL THEN
         IF (SELECT bool_or(
@@ -315,6 +351,7 @@ BEGIN
                 WHEN 'max_receive_count' THEN q.max_receive_count IS DISTINCT FROM existing.max_receive_count
                 WHEN 'dead_letter_queue' THEN q.dead_letter_queue_id IS DISTINCT FROM existing.dead_letter_queue_id
                 WHEN 'content_based_deduplication' THEN q.content_based_deduplication <> existing.content_based_deduplication
+                WHEN 'extra_attributes' THEN NOT existing.extra_attributes @> jsonb_strip_nulls(attributes -> 'extra_attributes')
                 ELSE false END)
             FROM jsonb_object_keys(coalesce(attributes, '{}')) AS k) THEN
             PERFORM conveyor._raise('CVQ02', format('queue %s already exists with different attributes', quote_literal(queue_name)));
@@ -324,10 +361,10 @@ BEGIN
     END IF;
     INSERT INTO conveyor.queues (name, fifo, visibility_timeout, delay_seconds, retention_seconds,
                                  max_message_size, receive_wait_seconds, max_receive_count,
-                                 dead_letter_queue_id, content_based_deduplication)
+                                 dead_letter_queue_id, content_based_deduplication, extra_attributes)
     VALUES (q.name, q.fifo, q.visibility_timeout, q.delay_seconds, q.retention_seconds,
             q.max_message_size, q.receive_wait_seconds, q.max_receive_count,
-            q.dead_letter_queue_id, q.content_based_deduplication)
+            q.dead_letter_queue_id, q.content_based_deduplication, q.extra_attributes)
     RETURNING id INTO q.id;
     EXECUTE format('CREATE SEQUENCE conveyor.%I AS bigint', 'message_seq_' || q.id);
     UPDATE conveyor.queues SET seq = format('conveyor.%I', 'message_seq_' || q.id)::regclass WHERE id = q.id;
@@ -351,6 +388,7 @@ BEGIN
            max_receive_count = q.max_receive_count,
            dead_letter_queue_id = q.dead_letter_queue_id,
            content_based_deduplication = q.content_based_deduplication,
+           extra_attributes = q.extra_attributes,
            updated_at = now()
      WHERE id = q.id;
     RETURN QUERY SELECT * FROM conveyor.queue_info WHERE name = queue_name;
@@ -399,7 +437,35 @@ BEGIN
     DELETE FROM conveyor.messages WHERE queue_id = q.id;
     GET DIAGNOSTICS n = ROW_COUNT;
     DELETE FROM conveyor.message_groups WHERE queue_id = q.id;
+    UPDATE conveyor.queues SET purged_at = now() WHERE id = q.id;
     RETURN n;
+END $$;
+
+-- Adds or changes tags (a JSON object of strings; a null value removes the key).
+CREATE FUNCTION conveyor.queue_tag(queue_name text, tags jsonb) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    q conveyor.queues := conveyor._queue(queue_name);
+    result jsonb;
+BEGIN
+    IF tags IS NULL OR jsonb_typeof(tags) <> 'object'
+       OR EXISTS (SELECT 1 FROM jsonb_each(tags) t WHERE jsonb_typeof(t.value) NOT IN ('string', 'null')) THEN
+        PERFORM conveyor._raise('CVV01', 'tags must be a JSON object of strings');
+    END IF;
+    UPDATE conveyor.queues SET tags = jsonb_strip_nulls(queues.tags || queue_tag.tags), updated_at = now()
+     WHERE id = q.id RETURNING queues.tags INTO result;
+    RETURN result;
+END $$;
+
+CREATE FUNCTION conveyor.queue_untag(queue_name text, keys text[]) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    q conveyor.queues := conveyor._queue(queue_name);
+    result jsonb;
+BEGIN
+    UPDATE conveyor.queues SET tags = queues.tags - coalesce(keys, '{}'), updated_at = now()
+     WHERE id = q.id RETURNING queues.tags INTO result;
+    RETURN result;
 END $$;
 
 -- Marks the queue as having long-pollers for the next `seconds`, so that sends NOTIFY.
@@ -449,45 +515,48 @@ $$;
 -- Sending
 ------------------------------------------------------------------------------------------
 
--- The one insert path. Arrays are parallel (one element per message); headers,
--- delays, content types, group and dedup ids may be NULL or hold NULLs.
+-- The one insert path. `messages` is a JSON array of objects with the keys body
+-- (required), headers, delay, content_type, group_id, dedup_id, message_uuid, sender_id
+-- and system_attributes; returns (id, message_uuid) per message, in input order.
 -- Standard queues insert in one statement; FIFO queues go message by message because
--- deduplication must see earlier messages of the same batch.
-CREATE FUNCTION conveyor._send(q conveyor.queues, bodies text[], headers jsonb[], delays integer[],
-                               content_types text[], group_ids text[], dedup_ids text[])
-RETURNS bigint[]
+-- deduplication must see earlier messages of the same batch. A FIFO duplicate within
+-- the deduplication window returns the first message's id and uuid and stores nothing.
+CREATE FUNCTION conveyor._send(q conveyor.queues, messages jsonb) RETURNS conveyor.sent[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    n integer := coalesce(cardinality(bodies), 0);
-    i integer;
+    n integer;
+    m record;
     mid bigint;
-    ids bigint[] := '{}';
+    muid uuid;
     did text;
-    gid text;
+    out conveyor.sent[] := '{}';
     ts timestamptz := now();
     too_large bigint;
     bad_delay bigint;
-    bad_headers bigint;
+    bad_objects bigint;
     with_fifo_ids bigint;
 BEGIN
+    IF messages IS NULL OR jsonb_typeof(messages) <> 'array' THEN
+        PERFORM conveyor._raise('CVV01', 'messages must be a JSON array of message objects');
+    END IF;
+    n := jsonb_array_length(messages);
     IF n = 0 THEN
         PERFORM conveyor._raise('CVV01', 'no messages to send');
     END IF;
     IF n > 10000 THEN
         PERFORM conveyor._raise('CVV01', format('a batch holds at most 10000 messages, got %s', n));
     END IF;
-    IF cardinality(headers) <> n OR cardinality(delays) <> n OR cardinality(content_types) <> n
-       OR cardinality(group_ids) <> n OR cardinality(dedup_ids) <> n THEN
-        PERFORM conveyor._raise('CVV01', 'message arrays must all have one element per message');
-    END IF;
     -- every per-message check in one pass over the batch
     SELECT count(*) FILTER (WHERE x.body IS NULL
-                              OR octet_length(x.body) + coalesce(octet_length(x.hdr::text), 0) > q.max_message_size),
+                              OR octet_length(x.body) + coalesce(octet_length(x.headers::text), 0)
+                                 > q.max_message_size),
            count(*) FILTER (WHERE x.delay < 0 OR x.delay > 900),
-           count(*) FILTER (WHERE jsonb_typeof(x.hdr) <> 'object'),
-           count(*) FILTER (WHERE x.gid IS NOT NULL OR x.did IS NOT NULL)
-      INTO too_large, bad_delay, bad_headers, with_fifo_ids
-      FROM unnest(bodies, headers, delays, group_ids, dedup_ids) AS x(body, hdr, delay, gid, did);
+           count(*) FILTER (WHERE jsonb_typeof(x.headers) <> 'object'
+                               OR jsonb_typeof(x.system_attributes) <> 'object'),
+           count(*) FILTER (WHERE x.group_id IS NOT NULL OR x.dedup_id IS NOT NULL)
+      INTO too_large, bad_delay, bad_objects, with_fifo_ids
+      FROM jsonb_to_recordset(messages) AS x(body text, headers jsonb, delay integer,
+                                             system_attributes jsonb, group_id text, dedup_id text);
     IF too_large > 0 THEN
         PERFORM conveyor._raise('CVM01', format(
             'message must not be null and must be at most %s bytes (body and headers) in queue %s',
@@ -496,37 +565,47 @@ BEGIN
     IF bad_delay > 0 THEN
         PERFORM conveyor._raise('CVV01', 'delay must be from 0 to 900 seconds');
     END IF;
-    IF bad_headers > 0 THEN
-        PERFORM conveyor._raise('CVV01', 'headers must be a JSON object');
+    IF bad_objects > 0 THEN
+        PERFORM conveyor._raise('CVV01', 'headers and system_attributes must be JSON objects');
     END IF;
 
     IF NOT q.fifo THEN
         IF with_fifo_ids > 0 THEN
             PERFORM conveyor._raise('CVV01', 'group_id and dedup_id apply to FIFO queues only');
         END IF;
-        -- ids are drawn in input order, so sorting them restores it
+        -- ids are drawn in input order, so sorting by id restores it
         WITH ins AS (
-            INSERT INTO conveyor.messages AS m (queue_id, id, vt, sent_at, body, content_type, headers)
-            SELECT q.id, nextval(q.seq),
-                   ts + make_interval(secs => coalesce(x.delay, q.delay_seconds)), ts,
-                   x.body, x.ctype, x.hdr
-              FROM unnest(bodies, headers, delays, content_types) WITH ORDINALITY AS x(body, hdr, delay, ctype, ord)
+            INSERT INTO conveyor.messages AS t (queue_id, id, vt, sent_at, body, content_type, headers,
+                                                message_uuid, sender_id, system_attributes)
+            SELECT q.id, nextval(q.seq), ts + make_interval(secs => coalesce(x.delay, q.delay_seconds)), ts,
+                   x.body, x.content_type, x.headers, coalesce(x.message_uuid, gen_random_uuid()),
+                   x.sender_id, x.system_attributes
+              FROM ROWS FROM (jsonb_to_recordset(messages)
+                              AS (body text, headers jsonb, delay integer, content_type text, message_uuid uuid,
+                                  sender_id text, system_attributes jsonb))
+                   WITH ORDINALITY AS x(body, headers, delay, content_type, message_uuid, sender_id,
+                                        system_attributes, ord)
              ORDER BY x.ord
-            RETURNING m.id)
-        SELECT array_agg(ins.id ORDER BY ins.id) INTO ids FROM ins;
-        RETURN ids;
+            RETURNING t.id, t.message_uuid)
+        SELECT array_agg(ROW(ins.id, ins.message_uuid)::conveyor.sent ORDER BY ins.id) INTO out FROM ins;
+        RETURN out;
     END IF;
 
-    FOR i IN 1 .. n LOOP
-        gid := group_ids[i];
-        IF gid IS NULL OR gid !~ '^[!-~]{1,128}$' THEN
+    FOR m IN SELECT * FROM ROWS FROM (jsonb_to_recordset(messages)
+                                      AS (body text, headers jsonb, delay integer, content_type text,
+                                          group_id text, dedup_id text, message_uuid uuid, sender_id text,
+                                          system_attributes jsonb))
+                           WITH ORDINALITY AS x(body, headers, delay, content_type, group_id, dedup_id,
+                                                message_uuid, sender_id, system_attributes, ord)
+             ORDER BY x.ord LOOP
+        IF m.group_id IS NULL OR m.group_id !~ '^[!-~]{1,128}$' THEN
             PERFORM conveyor._raise('CVV01', 'a FIFO message needs a group_id of 1 to 128 printable ASCII characters');
         END IF;
-        IF delays[i] IS NOT NULL AND delays[i] <> 0 THEN
+        IF m.delay IS NOT NULL AND m.delay <> 0 THEN
             PERFORM conveyor._raise('CVV01', 'FIFO queues take no per-message delay; set the queue''s delay_seconds instead');
         END IF;
-        did := coalesce(dedup_ids[i],
-                        CASE WHEN q.content_based_deduplication THEN encode(sha256(convert_to(bodies[i], 'UTF8')), 'hex') END);
+        did := coalesce(m.dedup_id,
+                        CASE WHEN q.content_based_deduplication THEN encode(sha256(convert_to(m.body, 'UTF8')), 'hex') END);
         IF did IS NULL THEN
             PERFORM conveyor._raise('CVV01', 'a FIFO message needs a dedup_id unless the queue has content_based_deduplication');
         END IF;
@@ -534,27 +613,32 @@ BEGIN
             PERFORM conveyor._raise('CVV01', 'a dedup_id is 1 to 128 printable ASCII characters');
         END IF;
         mid := nextval(q.seq);
-        INSERT INTO conveyor.dedup AS d (queue_id, dedup_id, message_id, expires_at)
-        VALUES (q.id, did, mid, ts + interval '5 minutes')
+        muid := coalesce(m.message_uuid, gen_random_uuid());
+        INSERT INTO conveyor.dedup AS d (queue_id, dedup_id, message_id, message_uuid, expires_at)
+        VALUES (q.id, did, mid, muid, ts + interval '5 minutes')
         ON CONFLICT (queue_id, dedup_id) DO UPDATE
-           SET message_id = excluded.message_id, expires_at = excluded.expires_at
+           SET message_id = excluded.message_id, message_uuid = excluded.message_uuid,
+               expires_at = excluded.expires_at
          WHERE d.expires_at <= ts
         RETURNING d.message_id INTO mid;
         IF mid IS NULL THEN
-            -- a duplicate within the window: accepted, not stored again
-            ids := ids || (SELECT d.message_id FROM conveyor.dedup d WHERE d.queue_id = q.id AND d.dedup_id = did);
+            -- a duplicate within the window: accepted, not stored again, answered as the first
+            SELECT d.message_id, d.message_uuid INTO mid, muid
+              FROM conveyor.dedup d WHERE d.queue_id = q.id AND d.dedup_id = did;
+            out := out || ROW(mid, muid)::conveyor.sent;
             CONTINUE;
         END IF;
         -- DO UPDATE, not DO NOTHING: it locks the group row, so a concurrent clean-up
         -- cannot delete the group between this insert and the message's
-        INSERT INTO conveyor.message_groups AS g (queue_id, group_id) VALUES (q.id, gid)
+        INSERT INTO conveyor.message_groups AS g (queue_id, group_id) VALUES (q.id, m.group_id)
         ON CONFLICT (queue_id, group_id) DO UPDATE SET group_id = excluded.group_id;
-        INSERT INTO conveyor.messages (queue_id, id, vt, sent_at, body, content_type, headers, group_id, dedup_id)
-        VALUES (q.id, mid, ts + make_interval(secs => q.delay_seconds), ts, bodies[i], content_types[i],
-                headers[i], gid, did);
-        ids := ids || mid;
+        INSERT INTO conveyor.messages (queue_id, id, vt, sent_at, body, content_type, headers, group_id,
+                                       dedup_id, message_uuid, sender_id, system_attributes)
+        VALUES (q.id, mid, ts + make_interval(secs => q.delay_seconds), ts, m.body, m.content_type,
+                m.headers, m.group_id, did, muid, m.sender_id, m.system_attributes);
+        out := out || ROW(mid, muid)::conveyor.sent;
     END LOOP;
-    RETURN ids;
+    RETURN out;
 END $$;
 
 CREATE FUNCTION conveyor._wake(q conveyor.queues, n integer) RETURNS void
@@ -565,7 +649,19 @@ BEGIN
     END IF;
 END $$;
 
--- Sends a batch in one call; returns the new ids in input order.
+-- Sends a batch given as a JSON array of message objects (see _send); the server's path.
+CREATE FUNCTION conveyor.message_send_json(queue_name text, messages jsonb)
+RETURNS SETOF conveyor.sent
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    q conveyor.queues := conveyor._queue(queue_name);
+    sent conveyor.sent[] := conveyor._send(q, messages);
+BEGIN
+    PERFORM conveyor._wake(q, cardinality(sent));
+    RETURN QUERY SELECT * FROM unnest(sent);
+END $$;
+
+-- Sends a batch given as parallel arrays (handy from psql); ids in input order.
 CREATE FUNCTION conveyor.message_send_batch(queue_name text, bodies text[],
                                             headers jsonb[] DEFAULT NULL,
                                             delays integer[] DEFAULT NULL,
@@ -575,16 +671,22 @@ CREATE FUNCTION conveyor.message_send_batch(queue_name text, bodies text[],
 RETURNS SETOF bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
 DECLARE
-    q conveyor.queues := conveyor._queue(queue_name);
     n integer := coalesce(cardinality(bodies), 0);
-    nulls text[] := array_fill(NULL::text, ARRAY[n]);
+    messages jsonb;
 BEGIN
-    RETURN QUERY SELECT unnest(conveyor._send(
-        q, bodies,
-        coalesce(headers, array_fill(NULL::jsonb, ARRAY[n])),
-        coalesce(delays, array_fill(NULL::integer, ARRAY[n])),
-        coalesce(content_types, nulls), coalesce(group_ids, nulls), coalesce(dedup_ids, nulls)));
-    PERFORM conveyor._wake(q, n);
+    IF (headers IS NOT NULL AND cardinality(headers) <> n) OR (delays IS NOT NULL AND cardinality(delays) <> n)
+       OR (content_types IS NOT NULL AND cardinality(content_types) <> n)
+       OR (group_ids IS NOT NULL AND cardinality(group_ids) <> n)
+       OR (dedup_ids IS NOT NULL AND cardinality(dedup_ids) <> n) THEN
+        PERFORM conveyor._raise('CVV01', 'message arrays must all have one element per message');
+    END IF;
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'body', bodies[i], 'headers', headers[i], 'delay', delays[i],
+               'content_type', content_types[i], 'group_id', group_ids[i], 'dedup_id', dedup_ids[i])
+             ORDER BY i), '[]')
+      INTO messages
+      FROM generate_series(1, n) AS i;
+    RETURN QUERY SELECT s.id FROM conveyor.message_send_json(queue_name, messages) s;
 END $$;
 
 CREATE FUNCTION conveyor.message_send(queue_name text, body text, headers jsonb DEFAULT NULL,
@@ -596,8 +698,9 @@ DECLARE
     q conveyor.queues := conveyor._queue(queue_name);
     mid bigint;
 BEGIN
-    mid := (conveyor._send(q, ARRAY[body], ARRAY[headers], ARRAY[delay], ARRAY[content_type],
-                           ARRAY[group_id], ARRAY[dedup_id]))[1];
+    mid := (conveyor._send(q, jsonb_build_array(jsonb_build_object(
+               'body', body, 'headers', headers, 'delay', delay, 'content_type', content_type,
+               'group_id', group_id, 'dedup_id', dedup_id))))[1].id;
     PERFORM conveyor._wake(q, 1);
     RETURN mid;
 END $$;
@@ -630,9 +733,11 @@ BEGIN
             RETURNING m.*
         )
         INSERT INTO conveyor.messages (queue_id, id, vt, sent_at, body, content_type, headers,
-                                       group_id, dedup_id, source_queue_id)
+                                       group_id, dedup_id, source_queue_id, message_uuid, sender_id,
+                                       system_attributes)
         SELECT dlq.id, nextval(dlq.seq), now(), moved.sent_at, moved.body,
-               moved.content_type, moved.headers, moved.group_id, moved.dedup_id, q.id
+               moved.content_type, moved.headers, moved.group_id, moved.dedup_id, q.id,
+               moved.message_uuid, moved.sender_id, moved.system_attributes
           FROM moved ORDER BY moved.id;
         GET DIAGNOSTICS n = ROW_COUNT;
         PERFORM conveyor._wake(dlq, n);
@@ -644,10 +749,11 @@ BEGIN
         )
         INSERT INTO conveyor.archive (queue_id, id, sent_at, receive_count, first_received_at, body,
                                       content_type, headers, group_id, dedup_id, source_queue_id,
-                                      outcome, error)
+                                      message_uuid, sender_id, system_attributes, outcome, error)
         SELECT moved.queue_id, moved.id, moved.sent_at, moved.receive_count, moved.first_received_at,
                moved.body, moved.content_type, moved.headers, moved.group_id, moved.dedup_id,
-               moved.source_queue_id, 'failed', reason
+               moved.source_queue_id, moved.message_uuid, moved.sender_id, moved.system_attributes,
+               'failed', reason
           FROM moved;
         GET DIAGNOSTICS n = ROW_COUNT;
     END IF;
@@ -848,10 +954,12 @@ BEGIN
         DELETE FROM conveyor.messages m WHERE m.queue_id = q.id AND m.id = ANY (ids) RETURNING m.*
     )
     INSERT INTO conveyor.archive AS a (queue_id, id, sent_at, receive_count, first_received_at, body,
-                                       content_type, headers, group_id, dedup_id, source_queue_id, outcome)
+                                       content_type, headers, group_id, dedup_id, source_queue_id,
+                                       message_uuid, sender_id, system_attributes, outcome)
     SELECT moved.queue_id, moved.id, moved.sent_at, moved.receive_count, moved.first_received_at,
            moved.body, moved.content_type, moved.headers, moved.group_id, moved.dedup_id,
-           moved.source_queue_id, 'completed'
+           moved.source_queue_id, moved.message_uuid, moved.sender_id, moved.system_attributes,
+           'completed'
       FROM moved
     RETURNING a.id;
 END $$;
@@ -981,6 +1089,7 @@ BEGIN
         TO conveyor_reader;
     GRANT EXECUTE ON FUNCTION
         conveyor.message_send(text, text, jsonb, integer, text, text, text),
+        conveyor.message_send_json(text, jsonb),
         conveyor.message_send_batch(text, text[], jsonb[], integer[], text[], text[], text[]),
         conveyor.message_receive(text, integer, integer, integer, integer),
         conveyor.message_pop(text, integer),
@@ -994,6 +1103,7 @@ BEGIN
     GRANT EXECUTE ON FUNCTION
         conveyor.queue_create(text, jsonb), conveyor.queue_alter(text, jsonb),
         conveyor.queue_drop(text), conveyor.queue_purge(text),
+        conveyor.queue_tag(text, jsonb), conveyor.queue_untag(text, text[]),
         conveyor.maintenance(integer)
         TO conveyor_admin;
 EXCEPTION WHEN undefined_object THEN

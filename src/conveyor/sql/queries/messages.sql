@@ -4,10 +4,8 @@
 SELECT conveyor.message_send(%(queue)s::text, %(body)s::text, %(headers)s::jsonb, %(delay)s::integer,
                              %(content_type)s::text, %(group_id)s::text, %(dedup_id)s::text)
 
--- name: message_send_batch
-SELECT conveyor.message_send_batch(%(queue)s::text, %(bodies)s::text[], %(headers)s::jsonb[],
-                                   %(delays)s::integer[], %(content_types)s::text[],
-                                   %(group_ids)s::text[], %(dedup_ids)s::text[])
+-- name: message_send_json
+SELECT id, message_uuid FROM conveyor.message_send_json(%(queue)s::text, %(messages)s::jsonb)
 
 -- name: message_receive
 SELECT * FROM conveyor.message_receive(%(queue)s::text, %(vt)s::integer, %(qty)s::integer,

@@ -19,6 +19,12 @@ SELECT * FROM conveyor.queue_list(%(prefix)s::text)
 -- name: queue_purge
 SELECT conveyor.queue_purge(%(name)s::text)
 
+-- name: queue_tag
+SELECT conveyor.queue_tag(%(name)s::text, %(tags)s::jsonb)
+
+-- name: queue_untag
+SELECT conveyor.queue_untag(%(name)s::text, %(keys)s::text[])
+
 -- name: queue_listen
 SELECT conveyor.queue_listen(%(name)s::text, %(seconds)s::integer)
 

@@ -1,0 +1,1 @@
+"""Pieces shared by the AWS wire protocols (SQS, SNS)."""
