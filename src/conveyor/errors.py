@@ -3,7 +3,8 @@
     ConveyorError
     ├── NotFound                 404 — the named thing does not exist
     │   ├── QueueNotFound          (SQLSTATE CVQ01)
-    │   └── MessageNotFound
+    │   ├── MessageNotFound
+    │   └── MoveTaskNotFound       (CVT01)
     ├── Conflict                 409 — the request contradicts what is stored
     │   ├── QueueAlreadyExists     (CVQ02)
     │   └── MessageNotInFlight     (CVM02)
@@ -59,6 +60,10 @@ class QueueNotFound(NotFound, sqlstate="CVQ01"):
 
 
 class MessageNotFound(NotFound):
+    pass
+
+
+class MoveTaskNotFound(NotFound, sqlstate="CVT01"):
     pass
 
 

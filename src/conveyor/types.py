@@ -116,6 +116,21 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class MoveTask:
+    """A task moving a dead-letter queue's messages back (``conveyor.move_task_info``)."""
+
+    handle: UUID
+    source_queue: str
+    destination_queue: str | None
+    max_per_second: int | None
+    status: str
+    moved: int
+    to_move: int
+    failure_reason: str | None
+    started_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class ReceiveParams:
     """What a receive asks for: ``vt`` None means the queue's visibility timeout,
     ``wait`` None means the queue's receive_wait_seconds."""

@@ -184,10 +184,13 @@ async def test_json_content_type_round_trips(conn):
     assert m.is_json and m.body == '{"a":1}'
 
 
-async def test_group_and_dedup_ids_only_on_fifo(conn):
+async def test_dedup_ids_only_on_fifo_but_group_ids_are_kept_on_standard_queues(conn):
     await queues.create(conn, "jobs")
     with pytest.raises(errors.InvalidInput, match="FIFO"):
-        await messages.send(conn, "jobs", M("x", group_id="g"))
+        await messages.send(conn, "jobs", M("x", dedup_id="d"))
+    await messages.send(conn, "jobs", M("fair", group_id="tenant-1"))  # SQS fair queues
+    [m] = await messages.receive(conn, "jobs")
+    assert m.group_id == "tenant-1"
 
 
 async def test_retention_clean_up(conn):

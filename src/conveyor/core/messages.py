@@ -42,6 +42,15 @@ async def receive(conn: Connection, queue: str, qty: int = 1, vt: int | None = N
     return sorted(rows, key=lambda m: m.id)
 
 
+async def receive_attempt(conn: Connection, queue: str, attempt_id: str, qty: int = 1,
+                          vt: int | None = None) -> list[types.Message]:
+    """A FIFO receive that a retry with the same ``attempt_id`` repeats (for five minutes,
+    while none of its messages changed)."""
+    rows = await db.fetch_all(conn, "message_receive_attempt",
+                              {"queue": queue, "attempt_id": attempt_id, "vt": vt, "qty": qty}, row=types.Message)
+    return sorted(rows, key=lambda m: m.id)
+
+
 async def pop(conn: Connection, queue: str, qty: int = 1) -> list[types.Message]:
     rows = await db.fetch_all(conn, "message_pop", {"queue": queue, "qty": qty}, row=types.Message)
     return sorted(rows, key=lambda m: m.id)

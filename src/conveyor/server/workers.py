@@ -1,5 +1,6 @@
-"""Background workers of a server process: retention clean-up and the depth scrape.
-Both are safe to run in every process at once (the SQL uses SKIP LOCKED)."""
+"""Background workers of a server process: retention clean-up, the depth scrape and
+message move tasks. All are safe to run in every process at once (the SQL uses SKIP
+LOCKED)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from conveyor import errors
-from conveyor.core import queues
+from conveyor.core import move_tasks, queues
 from conveyor.db.pool import Database
 from conveyor.server.metrics import Metrics
 
@@ -41,9 +42,16 @@ async def depth_scrape(database: Database, metrics: Metrics) -> None:
         metrics.set_depths(await queues.metrics_all(conn))
 
 
+async def move_dead_letters(database: Database) -> None:
+    async with database.connection() as conn:
+        await move_tasks.step(conn)
+
+
 def start(database: Database, metrics: Metrics, *, maintenance_interval: float,
-          depth_interval: float) -> list[asyncio.Task[None]]:
+          depth_interval: float, move_interval: float = 1.0) -> list[asyncio.Task[None]]:
     return [
+        asyncio.create_task(every(move_interval, "message move tasks", lambda: move_dead_letters(database)),
+                            name="conveyor-move-tasks"),
         asyncio.create_task(every(maintenance_interval, "maintenance", lambda: maintenance(database)),
                             name="conveyor-maintenance"),
         asyncio.create_task(every(depth_interval, "depth scrape", lambda: depth_scrape(database, metrics)),

@@ -553,7 +553,7 @@ BEGIN
            count(*) FILTER (WHERE x.delay < 0 OR x.delay > 900),
            count(*) FILTER (WHERE jsonb_typeof(x.headers) <> 'object'
                                OR jsonb_typeof(x.system_attributes) <> 'object'),
-           count(*) FILTER (WHERE x.group_id IS NOT NULL OR x.dedup_id IS NOT NULL)
+           count(*) FILTER (WHERE x.dedup_id IS NOT NULL)
       INTO too_large, bad_delay, bad_objects, with_fifo_ids
       FROM jsonb_to_recordset(messages) AS x(body text, headers jsonb, delay integer,
                                              system_attributes jsonb, group_id text, dedup_id text);
@@ -571,19 +571,20 @@ BEGIN
 
     IF NOT q.fifo THEN
         IF with_fifo_ids > 0 THEN
-            PERFORM conveyor._raise('CVV01', 'group_id and dedup_id apply to FIFO queues only');
+            PERFORM conveyor._raise('CVV01', 'dedup_id applies to FIFO queues only');
         END IF;
         -- ids are drawn in input order, so sorting by id restores it
         WITH ins AS (
+            -- a group id on a standard queue is kept (SQS fair queues) but orders nothing
             INSERT INTO conveyor.messages AS t (queue_id, id, vt, sent_at, body, content_type, headers,
-                                                message_uuid, sender_id, system_attributes)
+                                                group_id, message_uuid, sender_id, system_attributes)
             SELECT q.id, nextval(q.seq), ts + make_interval(secs => coalesce(x.delay, q.delay_seconds)), ts,
-                   x.body, x.content_type, x.headers, coalesce(x.message_uuid, gen_random_uuid()),
+                   x.body, x.content_type, x.headers, x.group_id, coalesce(x.message_uuid, gen_random_uuid()),
                    x.sender_id, x.system_attributes
               FROM ROWS FROM (jsonb_to_recordset(messages)
-                              AS (body text, headers jsonb, delay integer, content_type text, message_uuid uuid,
-                                  sender_id text, system_attributes jsonb))
-                   WITH ORDINALITY AS x(body, headers, delay, content_type, message_uuid, sender_id,
+                              AS (body text, headers jsonb, delay integer, content_type text, group_id text,
+                                  message_uuid uuid, sender_id text, system_attributes jsonb))
+                   WITH ORDINALITY AS x(body, headers, delay, content_type, group_id, message_uuid, sender_id,
                                         system_attributes, ord)
              ORDER BY x.ord
             RETURNING t.id, t.message_uuid)

@@ -29,3 +29,7 @@ SELECT conveyor.message_fail(%(queue)s::text, %(id)s::bigint, %(reason)s::text)
 -- name: message_set_vt
 SELECT * FROM conveyor.message_set_vt(%(queue)s::text, %(ids)s::bigint[], %(vt)s::integer,
                                       %(in_flight_only)s::boolean)
+
+-- name: message_receive_attempt
+SELECT * FROM conveyor.message_receive_attempt(%(queue)s::text, %(attempt_id)s::text, %(vt)s::integer,
+                                               %(qty)s::integer)

@@ -1,0 +1,275 @@
+"""Shapes: the structure of AWS requests and responses, enough to read both wire formats.
+
+AWS's JSON protocol carries typed JSON; its Query protocol flattens the same structures
+into form fields (``Attribute.1.Name=...``) and answers in XML. A shape says how: which
+members a structure has, under which wire names, whether a list or map is "flattened"
+(its entries repeat the member's name) or wrapped (``Name.member.1``, ``Name.entry.1``).
+The same description drives three walks:
+
+- ``from_query``: form fields -> typed Python values (a dict per structure),
+- ``from_json``: JSON values -> the same typed values (checking types on the way),
+- ``to_xml``: typed values -> XML elements for a Query-protocol response.
+
+Handlers only ever see the typed values, so they do not know which protocol was used.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from xml.sax.saxutils import escape
+
+MAX_LIST_ENTRIES = 1000  # a bound on how far a form's numbered entries are read
+
+
+class ShapeError(ValueError):
+    """A value does not fit its shape; ``path`` names the offending parameter."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class Shape:
+    pass
+
+
+@dataclass(frozen=True)
+class Scalar(Shape):
+    kind: str  # string | integer | long | boolean | blob
+
+
+STRING = Scalar("string")
+INTEGER = Scalar("integer")
+LONG = Scalar("long")
+BOOLEAN = Scalar("boolean")
+BLOB = Scalar("blob")
+
+
+@dataclass(frozen=True)
+class ListOf(Shape):
+    member: Shape
+    member_name: str | None = None
+    flattened: bool = False
+
+
+@dataclass(frozen=True)
+class MapOf(Shape):
+    value: Shape
+    key_name: str = "key"
+    value_name: str = "value"
+    flattened: bool = False
+
+
+@dataclass(frozen=True)
+class Member:
+    shape: Shape
+    wire: str | None = None  # the member's name on the wire (AWS "locationName")
+
+
+@dataclass(frozen=True)
+class Struct(Shape):
+    members: Mapping[str, Member | Shape] = field(default_factory=dict)
+
+    def member(self, name: str) -> Member:
+        m = self.members[name]
+        return m if isinstance(m, Member) else Member(m)
+
+
+# -- Query form -> values ----------------------------------------------------------------
+
+def from_query(shape: Struct, form: Mapping[str, str], prefix: str = "") -> dict[str, Any]:
+    """Read a structure from Query-protocol form fields."""
+    out: dict[str, Any] = {}
+    for name in shape.members:
+        member = shape.member(name)
+        value = _read(member.shape, form, prefix + (member.wire or name))
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _read(shape: Shape, form: Mapping[str, str], key: str) -> Any:
+    if isinstance(shape, Scalar):
+        return _scalar(shape, form[key], key) if key in form else None
+    if isinstance(shape, Struct):
+        if not any(k.startswith(key + ".") for k in form):
+            return None
+        return from_query(shape, form, key + ".")
+    if isinstance(shape, ListOf):
+        return _read_list(shape, form, key)
+    if isinstance(shape, MapOf):
+        return _read_map(shape, form, key)
+    raise TypeError(shape)
+
+
+def _present(form: Mapping[str, str], key: str) -> bool:
+    return key in form or any(k.startswith(key + ".") for k in form)
+
+
+def _list_base(shape: ListOf, key: str) -> str:
+    if shape.flattened:
+        if shape.member_name:  # the member's name replaces the last part of the key
+            return ".".join(key.split(".")[:-1] + [shape.member_name])
+        return key
+    return f"{key}.{shape.member_name or 'member'}"
+
+
+def _read_list(shape: ListOf, form: Mapping[str, str], key: str) -> list[Any] | None:
+    base = _list_base(shape, key)
+    items = []
+    for i in range(1, MAX_LIST_ENTRIES + 1):
+        entry = f"{base}.{i}"
+        if not _present(form, entry):
+            break
+        items.append(_read(shape.member, form, entry))
+    if not items:
+        return [] if form.get(key) == "" else None  # "Name=" is how Query says "empty list"
+    return items
+
+
+def _read_map(shape: MapOf, form: Mapping[str, str], key: str) -> dict[str, Any] | None:
+    base = key if shape.flattened else f"{key}.entry"
+    out: dict[str, Any] = {}
+    for i in range(1, MAX_LIST_ENTRIES + 1):
+        entry = f"{base}.{i}"
+        if not _present(form, entry):
+            break
+        name = form.get(f"{entry}.{shape.key_name}")
+        if name is None:
+            raise ShapeError(f"{entry}.{shape.key_name}", "missing")
+        out[name] = _read(shape.value, form, f"{entry}.{shape.value_name}")
+    return out or None
+
+
+def _scalar(shape: Scalar, raw: str, path: str) -> Any:
+    if shape.kind == "string":
+        return raw
+    if shape.kind in ("integer", "long"):
+        if not re.fullmatch(r"\s*[-+]?\d+\s*", raw):
+            raise ShapeError(path, f"{raw!r} is not an integer")
+        return int(raw)
+    if shape.kind == "boolean":
+        if raw.lower() not in ("true", "false"):
+            raise ShapeError(path, f"{raw!r} is not a boolean")
+        return raw.lower() == "true"
+    if shape.kind == "blob":
+        return _b64(raw, path)
+    raise TypeError(shape.kind)
+
+
+def _b64(raw: str, path: str) -> bytes:
+    try:
+        return base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise ShapeError(path, "is not valid base64") from None
+
+
+# -- JSON -> values ----------------------------------------------------------------------
+
+def from_json(shape: Shape, value: Any, path: str = "") -> Any:
+    """Check a JSON-protocol value against its shape, decoding blobs."""
+    if value is None:
+        return None
+    if isinstance(shape, Struct):
+        if not isinstance(value, dict):
+            raise ShapeError(path or "body", "must be an object")
+        out = {}
+        for name, item in value.items():
+            if name in shape.members:
+                converted = from_json(shape.member(name).shape, item, _join(path, name))
+                if converted is not None:
+                    out[name] = converted
+        return out
+    if isinstance(shape, ListOf):
+        if not isinstance(value, list):
+            raise ShapeError(path, "must be a list")
+        return [from_json(shape.member, item, f"{path}.{i}") for i, item in enumerate(value, 1)]
+    if isinstance(shape, MapOf):
+        if not isinstance(value, dict):
+            raise ShapeError(path, "must be a map")
+        return {k: from_json(shape.value, v, f"{path}.{k}") for k, v in value.items()}
+    assert isinstance(shape, Scalar)
+    return _json_scalar(shape, value, path)
+
+
+def _json_scalar(shape: Scalar, value: Any, path: str) -> Any:
+    if shape.kind == "string":
+        if not isinstance(value, str):
+            raise ShapeError(path, "must be a string")
+        return value
+    if shape.kind in ("integer", "long"):
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ShapeError(path, "must be an integer")
+        return _scalar(shape, value, path) if isinstance(value, str) else value
+    if shape.kind == "boolean":
+        if isinstance(value, str):
+            return _scalar(shape, value, path)
+        if not isinstance(value, bool):
+            raise ShapeError(path, "must be a boolean")
+        return value
+    if shape.kind == "blob":
+        if not isinstance(value, str):
+            raise ShapeError(path, "must be a base64 string")
+        return _b64(value, path)
+    raise TypeError(shape.kind)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+# -- values -> XML -----------------------------------------------------------------------
+
+def to_xml(shape: Struct, value: Mapping[str, Any]) -> str:
+    """The members of a structure as XML elements (the caller writes the enclosing tag)."""
+    parts = []
+    for name in shape.members:
+        item = value.get(name)
+        if item is None:
+            continue
+        member = shape.member(name)
+        parts.append(_xml(member.shape, member.wire or name, item))
+    return "".join(parts)
+
+
+def _xml(shape: Shape, tag: str, value: Any) -> str:
+    if isinstance(shape, Scalar):
+        return f"<{tag}>{xml_text(_text(shape, value))}</{tag}>"
+    if isinstance(shape, Struct):
+        return f"<{tag}>{to_xml(shape, value)}</{tag}>"
+    if isinstance(shape, ListOf):
+        if shape.flattened:
+            name = shape.member_name or tag
+            return "".join(_xml(shape.member, name, item) for item in value)
+        name = shape.member_name or "member"
+        return f"<{tag}>" + "".join(_xml(shape.member, name, item) for item in value) + f"</{tag}>"
+    if isinstance(shape, MapOf):
+        if shape.flattened:
+            return "".join(f"<{tag}>{_entry(shape, k, v)}</{tag}>" for k, v in value.items())
+        return f"<{tag}>" + "".join(f"<entry>{_entry(shape, k, v)}</entry>" for k, v in value.items()) + f"</{tag}>"
+    raise TypeError(shape)
+
+
+def _entry(shape: MapOf, key: str, value: Any) -> str:
+    return f"<{shape.key_name}>{xml_text(key)}</{shape.key_name}>" + _xml(shape.value, shape.value_name, value)
+
+
+def _text(shape: Scalar, value: Any) -> str:
+    if shape.kind == "boolean":
+        return "true" if value else "false"
+    if shape.kind == "blob":
+        return base64.b64encode(value).decode()
+    return str(value)
+
+
+def xml_text(text: str) -> str:
+    """Escape text for an XML element. A carriage return is written as a character
+    reference: XML parsers turn a literal CR (and CRLF) into LF, which would change the
+    message body that the client then checks against MD5OfBody."""
+    return escape(text).replace("\r", "&#xD;")
