@@ -4,6 +4,7 @@ by CLI flags. One frozen object, built once and passed down."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,17 @@ def _bool(value: str) -> bool:
     if v in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"expected a boolean (true/false), got {value!r}")
+
+
+def parse_credentials(spec: str) -> dict[str, str]:
+    """``"AKID1:secret1,AKID2:secret2"`` -> {access key: secret key}."""
+    pairs: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, secret = item.partition(":")
+        if not sep or not key or not secret:
+            raise ValueError(f"AWS credentials look like ACCESS_KEY:SECRET_KEY, got {item.split(':')[0]!r}:...")
+        pairs[key] = secret
+    return pairs
 
 
 def parse_tokens(spec: str) -> dict[str, str]:
@@ -55,6 +67,11 @@ class Settings:
     depth_scrape_interval: float = 15.0
     shutdown_timeout: float = 10.0
     log_level: str = "info"
+    # AWS protocols
+    region: str = "us-east-1"
+    account_id: str = "000000000000"
+    base_url: str | None = None
+    aws_credentials: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.auth_mode not in AUTH_MODES:
@@ -65,6 +82,10 @@ class Settings:
             raise ValueError(f"port must be from 1 to 65535, got {self.port}")
         if self.pool_min < 1 or self.pool_max < self.pool_min:
             raise ValueError("pool sizes need 1 <= pool_min <= pool_max")
+        if not re.fullmatch(r"[a-z0-9-]{1,32}", self.region):
+            raise ValueError(f"region must look like us-east-1, got {self.region!r}")
+        if not re.fullmatch(r"\d{12}", self.account_id):
+            raise ValueError(f"account id must be 12 digits, got {self.account_id!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -101,4 +122,8 @@ _ENV: dict[str, tuple[str, Any]] = {
     "depth_scrape_interval": ("CONVEYOR_DEPTH_SCRAPE_INTERVAL", float),
     "shutdown_timeout": ("CONVEYOR_SHUTDOWN_TIMEOUT", float),
     "log_level": ("CONVEYOR_LOG_LEVEL", str),
+    "region": ("CONVEYOR_REGION", str),
+    "account_id": ("CONVEYOR_ACCOUNT_ID", str),
+    "base_url": ("CONVEYOR_BASE_URL", lambda v: v.rstrip("/")),
+    "aws_credentials": ("CONVEYOR_AWS_CREDENTIALS", parse_credentials),
 }

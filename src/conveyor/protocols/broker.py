@@ -17,6 +17,9 @@ class Broker(Protocol):
     def connection(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """A pooled autocommit connection for core ops."""
 
+    async def queue(self, name: str) -> types.Queue:
+        """A queue's configuration, possibly a couple of seconds old."""
+
     async def send(self, queue: str, messages: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
         """Send; answers once committed (possibly fused with other requests)."""
 

@@ -19,7 +19,9 @@ import conveyor
 from conveyor import errors
 from conveyor.db import migrate
 from conveyor.db.pool import Database
+from conveyor.protocols.aws import gateway as aws_gateway
 from conveyor.protocols.rest import render
+from conveyor.protocols.sqs import dispatch as sqs_dispatch
 from conveyor.protocols.rest import routes as rest
 from conveyor.server import health, middleware, workers
 from conveyor.server.broker import ServerBroker
@@ -72,6 +74,8 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> S
             Route("/readyz", health.readyz, methods=["GET"]),
             Route("/metrics", health.metrics, methods=["GET"]),
             Mount("/v1", v1),
+            Route("/", aws_gateway.endpoint, methods=["POST", "GET"]),
+            Route("/{account_id}/{queue_name}", aws_gateway.endpoint, methods=["POST", "GET"]),
         ],
         middleware=[
             Middleware(middleware.Telemetry, metrics=metrics),
@@ -81,6 +85,9 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> S
         exception_handlers={Exception: _internal_error, HTTPException: rest.http_error},
         lifespan=lifespan,
     )
+    app.state.sqs = sqs_dispatch.Endpoint(
+        broker=broker, region=settings.region, account_id=settings.account_id, base_url=settings.base_url,
+        auth_mode=settings.auth_mode, credentials=dict(settings.aws_credentials))
     app.state.version = conveyor.__version__
     app.state.database = database
     app.state.metrics = metrics

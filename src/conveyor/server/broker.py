@@ -19,7 +19,8 @@ from conveyor.settings import Settings
 
 
 MAX_RECEIVE = 1000  # the SQL API's largest qty
-WAIT_CACHE_SECONDS = 5.0
+QUEUE_CACHE_SECONDS = 2.0
+QUEUE_CACHE_SIZE = 10000
 
 
 def _split(items: Sequence, sizes: Sequence[int]) -> list[list]:
@@ -45,7 +46,7 @@ class ServerBroker:
                 "receive": Fuser(self._receive_fused, max_batch=MAX_RECEIVE, size=lambda qty: qty, **options),
                 "delete": Fuser(self._delete_fused, max_batch=settings.fusion_max_batch, size=len, **options),
             }
-        self._wait_cache: dict[str, tuple[float, float]] = {}
+        self._queue_cache: dict[str, tuple[types.Queue, float]] = {}
         self.waiters = WaiterHub(database.dsn, self._mark_listened, listen_seconds=settings.listen_seconds,
                                  poll_fallback=settings.poll_fallback_seconds)
 
@@ -124,15 +125,20 @@ class ServerBroker:
                 self.metrics.long_pollers.dec()
 
     async def _default_wait(self, queue: str) -> float:
-        """The queue's receive_wait_seconds, cached for a few seconds (it only matters
-        to receives that found the queue empty)."""
-        cached = self._wait_cache.get(queue)
+        return float((await self.queue(queue)).receive_wait_seconds)
+
+    async def queue(self, name: str) -> types.Queue:
+        """A queue's configuration, cached for a couple of seconds: protocols validate
+        against it on every send, and the database enforces the limits anyway."""
+        cached = self._queue_cache.get(name)
         if cached is not None and cached[1] > time.monotonic():
             return cached[0]
         async with self.database.connection() as conn:
-            wait = float((await queues.get(conn, queue)).receive_wait_seconds)
-        self._wait_cache[queue] = (wait, time.monotonic() + WAIT_CACHE_SECONDS)
-        return wait
+            q = await queues.get(conn, name)
+        if len(self._queue_cache) > QUEUE_CACHE_SIZE:
+            self._queue_cache.clear()
+        self._queue_cache[name] = (q, time.monotonic() + QUEUE_CACHE_SECONDS)
+        return q
 
     async def _mark_listened(self, queue: str, seconds: int) -> None:
         async with self.database.connection() as conn:

@@ -73,7 +73,9 @@ class Auth:
         self.tokens = dict(tokens)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.mode == "none" or scope["path"] in OPEN_PATHS:
+        if (scope["type"] != "http" or self.mode == "none" or scope["path"] in OPEN_PATHS
+                or not scope["path"].startswith("/v1/")):
+            # the AWS protocols authenticate in their own terms (SigV4, AWS error shapes)
             await self.app(scope, receive, send)
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)

@@ -41,6 +41,7 @@ _KINDS = [
     Kind("UnsupportedOperation", "AWS.SimpleQueueService.UnsupportedOperation"),
     Kind("ResourceNotFoundException", "ResourceNotFoundException", 404),
     Kind("InvalidAction", "InvalidAction"),
+    Kind("SerializationException", "SerializationException"),
     Kind("InvalidSecurity", "InvalidSecurity", 403),
     Kind("AccessDenied", "AccessDenied", 403),
     Kind("MissingAuthenticationToken", "MissingAuthenticationToken", 403),

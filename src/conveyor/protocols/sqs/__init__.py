@@ -1,0 +1,1 @@
+"""The Amazon SQS wire protocol (JSON and Query), on Conveyor's queues."""

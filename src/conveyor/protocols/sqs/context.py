@@ -1,0 +1,88 @@
+"""Who is asking, where, and how SQS names map onto Conveyor queues.
+
+SQS scopes queues per region (taken from the request's SigV4 credential scope) and per
+account. Conveyor has one account (configurable id) and stores a queue of a region
+other than the server's default under the name ``<region>:<name>``, so that queues of
+the default region keep their plain names across SQS, REST, SQL and the CLI.
+
+Queue URLs are ``{base_url}/{account_id}/{name}``; without a configured base URL the
+scheme and Host the client used build it, so URLs work behind any name or port. A
+QueueUrl in a request is resolved by its path alone, whatever its host, because
+clients send ``https://sqs.us-east-1.amazonaws.com/...`` and the like.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+from conveyor.protocols.broker import Broker
+from conveyor.protocols.sqs.errors import NO_QUEUE, SqsError, invalid_value
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+_FIFO_NAME = re.compile(r"^[A-Za-z0-9_-]{1,75}\.fifo$")
+_ARN = re.compile(r"^arn:aws[a-z-]*:sqs:([a-z0-9-]{1,32}):(\d{12}):(.+)$")
+
+
+@dataclass(frozen=True)
+class Context:
+    broker: Broker
+    region: str
+    default_region: str
+    account_id: str
+    base_url: str
+    sender_id: str
+    request_id: str
+    path_queue_url: str | None = None  # set when the request came to /{account}/{queue}
+
+    # -- names -----------------------------------------------------------------------
+
+    def internal(self, name: str, region: str | None = None) -> str:
+        region = region or self.region
+        return name if region == self.default_region else f"{region}:{name}"
+
+    def visible(self, internal_name: str) -> bool:
+        """Whether a stored queue belongs to this request's region."""
+        region, sep, _ = internal_name.rpartition(":")
+        return region == self.region if sep else self.region == self.default_region
+
+    @staticmethod
+    def bare(internal_name: str) -> str:
+        return internal_name.rpartition(":")[2]
+
+    def url(self, internal_name: str) -> str:
+        return f"{self.base_url}/{self.account_id}/{self.bare(internal_name)}"
+
+    def arn(self, internal_name: str) -> str:
+        region, sep, name = internal_name.rpartition(":")
+        return f"arn:aws:sqs:{region if sep else self.default_region}:{self.account_id}:{name}"
+
+    # -- resolving what clients send -------------------------------------------------
+
+    def queue_from_url(self, queue_url: str | None) -> str:
+        """The internal name of the queue a QueueUrl names (its path: account and name)."""
+        queue_url = queue_url or self.path_queue_url
+        if not queue_url:
+            raise SqsError("MissingParameter", "The request must contain the parameter QueueUrl.")
+        path = urlsplit(queue_url).path if "://" in queue_url else queue_url
+        parts = [unquote(p) for p in path.split("/") if p]
+        if len(parts) != 2:
+            raise SqsError("QueueDoesNotExist", NO_QUEUE)
+        account, name = parts
+        if account != self.account_id or not is_valid_name(name):
+            raise SqsError("QueueDoesNotExist", NO_QUEUE)
+        return self.internal(name)
+
+    def queue_from_arn(self, arn: str, parameter: str) -> str:
+        match = _ARN.match(arn or "")
+        if not match or not is_valid_name(match[3]):
+            raise invalid_value(parameter, arn, "Invalid ARN")
+        region, account, name = match.groups()
+        if account != self.account_id:
+            raise SqsError("QueueDoesNotExist", NO_QUEUE)
+        return self.internal(name, region)
+
+
+def is_valid_name(name: str) -> bool:
+    return bool(_NAME.match(name) or _FIFO_NAME.match(name))

@@ -1,0 +1,94 @@
+"""SQS message move tasks: StartMessageMoveTask, CancelMessageMoveTask, ListMessageMoveTasks."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from conveyor import errors, types
+from conveyor.core import move_tasks
+from conveyor.protocols.sqs.context import Context
+from conveyor.protocols.sqs.errors import SqsError, invalid_value, missing
+
+
+def _not_found() -> SqsError:
+    return SqsError("ResourceNotFoundException", "The resource that you specified for the TaskHandle "
+                    "parameter doesn't exist.")
+
+
+async def start_message_move_task(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    source_arn = p.get("SourceArn")
+    if not source_arn:
+        raise missing("SourceArn")
+    source = ctx.queue_from_arn(source_arn, "SourceArn")
+    destination = ctx.queue_from_arn(p["DestinationArn"], "DestinationArn") if p.get("DestinationArn") else None
+    rate = p.get("MaxNumberOfMessagesPerSecond")
+    if rate is not None and not 1 <= rate <= 500:
+        raise invalid_value("MaxNumberOfMessagesPerSecond", rate, "Must be between 1 and 500")
+    async with ctx.broker.connection() as conn:
+        try:
+            task = await move_tasks.start(conn, source, destination, rate)
+        except errors.QueueNotFound:
+            raise SqsError("ResourceNotFoundException", "The resource that you specified for the SourceArn "
+                           "or DestinationArn parameter doesn't exist.") from None
+        except errors.InvalidInput as exc:
+            if "already running" in exc.message:
+                raise SqsError("UnsupportedOperation", "There is already a task running. Only one active task "
+                               "is allowed for a source queue arn at a given time.") from None
+            raise SqsError("InvalidParameterValue", "Source queue must be configured as a Dead Letter "
+                           "Queue.") from None
+    return {"TaskHandle": str(task.handle)}
+
+
+async def cancel_message_move_task(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    raw = p.get("TaskHandle")
+    if not raw:
+        raise missing("TaskHandle")
+    try:
+        handle = uuid.UUID(raw)
+    except ValueError:
+        raise _not_found() from None
+    async with ctx.broker.connection() as conn:
+        try:
+            task = await move_tasks.cancel(conn, handle)
+        except errors.MoveTaskNotFound:
+            raise _not_found() from None
+        except errors.InvalidInput:
+            raise SqsError("UnsupportedOperation", "Only a running task can be cancelled.") from None
+    return {"ApproximateNumberOfMessagesMoved": task.moved}
+
+
+async def list_message_move_tasks(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    source_arn = p.get("SourceArn")
+    if not source_arn:
+        raise missing("SourceArn")
+    max_results = p.get("MaxResults", 1)
+    if not 1 <= max_results <= 10:
+        raise invalid_value("MaxResults", max_results, "Must be between 1 and 10")
+    source = ctx.queue_from_arn(source_arn, "SourceArn")
+    async with ctx.broker.connection() as conn:
+        try:
+            tasks = await move_tasks.list_for(conn, source, max_results)
+        except errors.QueueNotFound:
+            raise SqsError("ResourceNotFoundException", "The resource that you specified for the SourceArn "
+                           "parameter doesn't exist.") from None
+    return {"Results": [_entry(ctx, t) for t in tasks]}
+
+
+def _entry(ctx: Context, t: types.MoveTask) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "Status": t.status,
+        "SourceArn": ctx.arn(t.source_queue),
+        "ApproximateNumberOfMessagesMoved": t.moved,
+        "ApproximateNumberOfMessagesToMove": t.to_move,
+        "StartedTimestamp": int(t.started_at.timestamp() * 1000),
+    }
+    if t.status == "RUNNING":
+        out["TaskHandle"] = str(t.handle)
+    if t.destination_queue:
+        out["DestinationArn"] = ctx.arn(t.destination_queue)
+    if t.max_per_second:
+        out["MaxNumberOfMessagesPerSecond"] = t.max_per_second
+    if t.failure_reason:
+        out["FailureReason"] = t.failure_reason
+    return out
