@@ -8,8 +8,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, RootModel
 
-QueueName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,80}$|^[A-Za-z0-9_-]{1,75}\.fifo$",
-                                 description="1-80 of A-Z a-z 0-9 _ -; FIFO queues end in .fifo")]
+QUEUE_NAME_PATTERN = r"^([a-z0-9-]{1,32}:)?([A-Za-z0-9_-]{1,80}|[A-Za-z0-9_-]{1,75}\.fifo)$"
+QueueName = Annotated[str, Field(pattern=QUEUE_NAME_PATTERN,
+                                 description="1-80 of A-Z a-z 0-9 _ -; FIFO queues end in .fifo; queues of "
+                                             "another SQS region than the server's carry it as a prefix "
+                                             "(eu-west-1:jobs)")]
 MessageId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 GroupId = Annotated[str, Field(pattern=r"^[!-~]{1,128}$")]
 

@@ -11,7 +11,7 @@ from conveyor.protocols.rest import models
 
 _REF = "#/components/schemas/{model}"
 _PATH_PARAMS = {
-    "name": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,80}$|^[A-Za-z0-9_-]{1,75}\.fifo$"},
+    "name": {"type": "string", "pattern": models.QUEUE_NAME_PATTERN},
     "id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
 }
 _ARRAY_RESPONSES = {("GET", "/queues"), ("GET", "/queues/{name}/messages")}

@@ -1,14 +1,15 @@
 """Receipt handles: opaque to clients, they name the queue, the message and the receive.
 
-A handle is base64url of ``<queue>\\0<message id>\\0<receive count>\\0<nonce>``, so every
-receive yields a new handle (as SQS does) and a handle from one queue is refused by
-another.
+A handle is base64url of ``<queue>\\0<message id>\\0<receive count>\\0<nonce>\\0<check>``:
+every receive yields a new handle (as SQS does), a handle from one queue is refused by
+another, and the check (a digest of the rest) refuses truncated or made-up handles.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import secrets
 from dataclasses import dataclass
 
@@ -22,8 +23,13 @@ class Receipt:
     receive_count: int
 
 
+def _check(payload: str) -> str:
+    return hashlib.sha256(payload.encode()).hexdigest()[:8]
+
+
 def encode(queue: str, message_id: int, receive_count: int) -> str:
-    raw = f"{queue}\0{message_id}\0{receive_count}\0{secrets.token_hex(4)}".encode()
+    payload = f"{queue}\0{message_id}\0{receive_count}\0{secrets.token_hex(4)}"
+    raw = f"{payload}\0{_check(payload)}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -33,10 +39,13 @@ def decode(handle: str | None, queue: str) -> Receipt:
         raise SqsError("MissingParameter", "The request must contain the parameter ReceiptHandle.")
     try:
         raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)).decode()
-        name, message_id, receive_count, _nonce = raw.split("\0")
+        payload, _, check = raw.rpartition("\0")
+        name, message_id, receive_count, _nonce = payload.split("\0")
         receipt = Receipt(name, int(message_id), int(receive_count))
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise invalid(handle) from None
+    if check != _check(payload):
+        raise invalid(handle)
     if receipt.queue != queue:
         raise invalid(handle)
     return receipt
