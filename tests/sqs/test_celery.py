@@ -3,8 +3,9 @@
 The worker is a child process (``celery -A celery_app worker --pool=solo``) using the app
 in ``celery_app.py``; this process sends tasks with ``.delay()`` through its own instance
 of the same app. There is no result backend: each task appends JSON lines to a file it is
-given, and the tests read that file. kombu's worker side receives with its asynchronous
-(pycurl) HTTP client over the JSON protocol and deletes messages with boto3.
+given, and the tests read that file. The worker receives through kombu's asynchronous HTTP
+client (pycurl since kombu 5.6, urllib3 in 5.5), signing JSON-protocol requests with
+botocore, and acknowledges (DeleteMessage) through boto3 once a task has finished.
 """
 
 from __future__ import annotations
