@@ -9,8 +9,8 @@ Part 1, boto3 (threads, each with its own boto3 client), --clients concurrency:
   Conveyor >= 20x moto on every row. boto3 costs 1-2 ms of client CPU per call and the
   client shares the 2 cores with the servers, so this part also measures boto3.
 Part 2, raw HTTP (aiohttp on uvloop, JSON protocol requests built by hand, no botocore),
-  --raw-clients coroutines: Conveyor (and moto, unless --no-raw-moto) against "raw
-  PostgreSQL" in the same run: psycopg on a plain table at the same concurrency,
+  --raw-clients coroutines: Conveyor (and, with --raw-moto, moto) against "raw PostgreSQL"
+  in the same run: psycopg on a plain table at the same concurrency,
       SendMessage                 INSERT of one row per statement
       SendMessageBatch            one multi-row INSERT of 10
       Receive + DeleteMessageBatch  UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
@@ -22,12 +22,19 @@ Rows (messages/s; a batch call counts its messages):
   (MaxNumberOfMessages=10, WaitTimeSeconds=0) + DeleteMessageBatch of what it got
   (counts the messages deleted).
 
-Every repeat uses a fresh queue (raw table: truncated): the two send rows run first, then
-the queue is topped up (SendMessageBatch through the raw client; bounded) so that the
-receive row does not run dry, then the receive row. Each cell runs at most --seconds and
---max-messages; each server is warmed up first; the median of --repeat runs is reported.
-CPU per request of the load generator, the server and PostgreSQL (from /proc) is printed
-with each cell so that it shows where the time goes.
+Every row of every repeat starts on a fresh, empty queue (raw table: truncated). The
+receive row's queue is filled first, through the raw client's SendMessageBatch (raw
+table: one INSERT ... SELECT), with 1.3x what that row is expected to take in --seconds
+(capped at --max-messages): enough not to run dry, and no deeper, since moto's cost per
+call grows with the queue's depth. A row that still ran dry is flagged "drained" (its rate
+is the messages over the time until it ran dry). Each cell runs at most --seconds and
+--max-messages: no call starts after --seconds; the calls then in flight are waited for
+(at most 20 s: moto with 64 clients needs several seconds to answer them all) and counted,
+and the rate is the messages over the whole time. Each server and client is warmed up
+first; the median of --repeat runs is reported.
+CPU per request of the load generator, the server and PostgreSQL (from /proc; PostgreSQL
+is every process named postgres, so other users of that server count too) is printed with
+each cell, to show where the time goes.
 
 Creates (and at the end drops) database `conveyor_sqs_bench` on CONVEYOR_BENCH_DATABASE_URL
 (default postgresql://postgres@127.0.0.1:5432/postgres); stops every child process it
@@ -72,7 +79,8 @@ TARGET_RATIO = 20.0
 TARGET_FRACTION = 0.5
 EMPTY_RECEIVES = 3     # a client stops after this many empty receives in a row: the queue ran dry
 MAX_CLIENT_ERRORS = 20  # a client stops after this many failed calls
-PRELOAD_MARGIN = 1.5   # top the queue up to this times the expected receive rate x --seconds
+PRELOAD_MARGIN = 1.3   # preload the receive row's queue with this times the expected rate x --seconds
+GRACE = 20.0           # after a cell's deadline, wait at most this long for calls in flight
 ROWS = ("send", "batch", "receive")
 ROW_NAMES = {"send": "SendMessage", "batch": "SendMessageBatch (10)",
              "receive": "ReceiveMessage (10) + DeleteMessageBatch"}
@@ -118,7 +126,8 @@ class ErrorLog:
             self.counts[where] = self.counts.get(where, 0) + 1
             samples = self.samples.setdefault(where, [])
             if len(samples) < 3:
-                samples.append((request[:2000], response[:4000]))
+                limit = 4000 if where.startswith("conveyor") else 400
+                samples.append((request[:limit], response[:limit]))
 
     def report(self) -> None:
         if not self.counts:
@@ -354,8 +363,11 @@ def run_threads(ops: list[SyncOp], seconds: float, max_messages: int, meter: Cpu
     deadline[0] = started + seconds
     barrier.wait()
     for t in threads:
-        t.join()
+        t.join(max(0.0, deadline[0] + GRACE - time.perf_counter()))
     elapsed = time.perf_counter() - started
+    if any(t.is_alive() for t in threads):
+        print(f"  WARNING: {sum(t.is_alive() for t in threads)} calls still in flight {GRACE:g}s after the "
+              "deadline; abandoned (they may slow down the next cells)", flush=True)
     return Cell(tally.messages, tally.requests, elapsed, tally.drained, tally.errors,
                 CpuMeter.delta(before, meter.sample()))
 
@@ -388,21 +400,33 @@ async def run_tasks(ops: list[AsyncOp], seconds: float, max_messages: int, meter
     before = meter.sample()
     started = time.perf_counter()
     end = started + seconds
-    await asyncio.gather(*(loop(op) for op in ops))
+    tasks = [asyncio.ensure_future(loop(op)) for op in ops]
+    _, pending = await asyncio.wait(tasks, timeout=seconds + GRACE)
     elapsed = time.perf_counter() - started
+    if pending:
+        print(f"  WARNING: {len(pending)} calls still in flight {GRACE:g}s after the deadline; cancelled "
+              "(the server may still be working on them)", flush=True)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    for t in tasks:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()
     return Cell(tally.messages, tally.requests, elapsed, tally.drained, tally.errors,
                 CpuMeter.delta(before, meter.sample()))
 
 
 # -- boto3 -------------------------------------------------------------------------------------
 
-def boto_client(endpoint: str) -> Any:
-    # own session per client: creating clients from one session is not thread-safe, and each
-    # thread gets its own client (and connection pool). No retries: every failure shows.
-    return boto3.session.Session().client(
+def boto_client(session: boto3.session.Session, endpoint: str) -> Any:
+    # every thread gets its own client (and so its own connection pool); the clients are made
+    # one after the other in the main thread, so they can come from one session. No retries:
+    # every failure shows.
+    return session.client(
         "sqs", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="test",
         aws_secret_access_key="test",
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}, max_pool_connections=2))
+        config=Config(retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=2,
+                      connect_timeout=10, read_timeout=60))
 
 
 def _client_error(system: str, action: str, params: dict[str, Any], exc: Exception) -> None:
@@ -487,7 +511,7 @@ class RawSqs:
             async with self.session.post(self.endpoint, data=payload, headers=HEADERS[action]) as r:
                 body = await r.read()
                 status = r.status
-        except aiohttp.ClientError as exc:
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             ERRORS.add(f"{self.system} raw {action}", payload.decode(), repr(exc))
             return None
         if status != 200:
@@ -554,7 +578,8 @@ class RawSqs:
 
 
 def raw_session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                 timeout=aiohttp.ClientTimeout(total=60))
 
 
 # -- raw PostgreSQL ----------------------------------------------------------------------------
@@ -606,7 +631,8 @@ class Bench:
         self.args, self.runner = args, runner
         self.children: list[Child] = []
         self.results: dict[tuple[str, int, str], Cell] = {}  # (column, clients, row) -> median
-        self.receive_rate: dict[str, float] = {}  # column -> best receive rate seen (preload sizing)
+        # (column, clients) -> the last receive rate measured (sizes the receive row's queue)
+        self.receive_rate: dict[tuple[str, int], float] = {}
         self.boto_clients: dict[str, list[Any]] = {}
         self.queues = 0
 
@@ -616,9 +642,13 @@ class Bench:
         self.queues += 1
         return f"bench-{column.replace(' ', '-')}-{self.queues}"
 
-    def preload_target(self, column: str, batch_rate: float) -> int:
-        expected = max(batch_rate, self.receive_rate.get(column, 0.0))
-        return min(self.args.max_messages, math.ceil(expected * self.args.seconds * PRELOAD_MARGIN))
+    def preload_target(self, column: str, clients: int, batch_rate: float) -> int:
+        """Messages to put in the receive row's queue: what the expected receive rate takes in
+        --seconds, with a margin. Expected: this column's receive rate at this concurrency in the
+        previous repeat, else half its batch send rate in this one (moto's receive rate depends
+        on the depth, so the depth follows what was measured rather than a generous guess)."""
+        expected = self.receive_rate.get((column, clients)) or batch_rate / 2
+        return max(10, min(self.args.max_messages, math.ceil(expected * self.args.seconds * PRELOAD_MARGIN)))
 
     def record(self, column: str, clients: int, runs: list[dict[str, Cell]]) -> None:
         for row in ROWS:
@@ -627,65 +657,56 @@ class Bench:
             self.results[(column, clients, row)] = median
             flags = (" drained" if any(c.drained for c in cells) else "") + \
                     (f" ERRORS {sum(c.errors for c in cells)}" if any(c.errors for c in cells) else "")
-            print(f"  {column:<18} x{clients:<3} {ROW_NAMES[row]:<40} {median.rate:9.0f} msg/s  "
-                  f"(runs {' '.join(f'{c.rate:.0f}' for c in cells)}){flags}  {median.cpu_per_request()}",
-                  flush=True)
+            print(f"  {column:<15} x{clients:<3} {ROW_NAMES[row]:<40} {median.rate:7.0f} msg/s  "
+                  f"(runs {' '.join(f'{c.rate:.0f}' for c in cells)}; {median.messages} msgs in "
+                  f"{median.seconds:.1f}s){flags}  {median.cpu_per_request()}", flush=True)
 
-    def note_receive(self, column: str, cell: Cell) -> None:
-        self.receive_rate[column] = max(self.receive_rate.get(column, 0.0), cell.rate)
+    def note_receive(self, column: str, clients: int, cell: Cell) -> None:
+        self.receive_rate[(column, clients)] = cell.rate
 
-    # one repeat of the three rows
+    # one repeat of the three rows. Every row starts on a fresh, empty queue; the receive row's
+    # queue is filled first (SendMessageBatch through the raw client; moto's cost per message
+    # grows with the queue's depth, so the depth is kept to what the row needs).
 
     def boto_repeat(self, column: str, server: Child, clients: int, seconds: float) -> dict[str, Cell]:
         boto = self.boto_clients[column][:clients]
-        url = boto[0].create_queue(QueueName=self.queue_name(column))["QueueUrl"]
         meter = CpuMeter(server.proc.pid, server.name, postgres=server.name == "conveyor")
-        cells = {row: run_threads(boto_ops(column, boto, url, row), seconds, self.args.max_messages, meter)
-                 for row in ("send", "batch")}
-        self.top_up(column, server, url, cells)
-        cells["receive"] = run_threads(boto_ops(column, boto, url, "receive"), seconds, self.args.max_messages,
-                                       meter)
-        self.note_receive(column, cells["receive"])
+        cells: dict[str, Cell] = {}
+        for row in ROWS:
+            url = boto[0].create_queue(QueueName=self.queue_name(column))["QueueUrl"]
+            if row == "receive":
+                self.runner.run(self.fill(server, url, self.preload_target(column, clients, cells["batch"].rate)))
+            cells[row] = run_threads(boto_ops(column, boto, url, row), seconds, self.args.max_messages, meter)
+        self.note_receive(column, clients, cells["receive"])
         return cells
 
-    def top_up(self, column: str, server: Child, url: str, cells: dict[str, Cell]) -> None:
-        queued = cells["send"].messages + cells["batch"].messages
-        missing = self.preload_target(column, cells["batch"].rate) - queued
-        if missing > 0:
-            async def go() -> None:
-                async with raw_session() as session:
-                    await RawSqs(server.name, session, server.url).top_up(url, missing)
-            self.runner.run(go())
+    async def fill(self, server: Child, url: str, count: int) -> None:
+        async with raw_session() as session:
+            await RawSqs(server.name, session, server.url).top_up(url, count)
 
     async def raw_repeat(self, column: str, server: Child, clients: int, seconds: float) -> dict[str, Cell]:
         meter = CpuMeter(server.proc.pid, server.name, postgres=server.name == "conveyor")
+        cells: dict[str, Cell] = {}
         async with raw_session() as session:
             sqs = RawSqs(server.name, session, server.url)
-            url = await sqs.create_queue(self.queue_name(column))
-            cells = {}
-            for row in ("send", "batch"):
+            for row in ROWS:
+                url = await sqs.create_queue(self.queue_name(column))
+                if row == "receive":
+                    await sqs.top_up(url, self.preload_target(column, clients, cells["batch"].rate))
                 cells[row] = await run_tasks(sqs.ops(url, row, clients), seconds, self.args.max_messages, meter)
-            missing = self.preload_target(column, cells["batch"].rate) - cells["send"].messages - \
-                cells["batch"].messages
-            if missing > 0:
-                await sqs.top_up(url, missing)
-            cells["receive"] = await run_tasks(sqs.ops(url, "receive", clients), seconds, self.args.max_messages,
-                                               meter)
-        self.note_receive(column, cells["receive"])
+        self.note_receive(column, clients, cells["receive"])
         return cells
 
     async def pg_repeat(self, dsn: str, clients: int, seconds: float) -> dict[str, Cell]:
         column = "raw postgresql"
         meter = CpuMeter(None, "", postgres=True)
-        await pg_reset(dsn)
-        cells = {row: await pg_cell(dsn, row, clients, seconds, self.args.max_messages, meter)
-                 for row in ("send", "batch")}
-        missing = self.preload_target(column, cells["batch"].rate) - cells["send"].messages - \
-            cells["batch"].messages
-        if missing > 0:
-            await pg_reset(dsn, preload=missing)
-        cells["receive"] = await pg_cell(dsn, "receive", clients, seconds, self.args.max_messages, meter)
-        self.note_receive(column, cells["receive"])
+        cells: dict[str, Cell] = {}
+        for row in ROWS:
+            await pg_reset(dsn)
+            if row == "receive":
+                await pg_reset(dsn, preload=self.preload_target(column, clients, cells["batch"].rate))
+            cells[row] = await pg_cell(dsn, row, clients, seconds, self.args.max_messages, meter)
+        self.note_receive(column, clients, cells["receive"])
         return cells
 
     # the run
@@ -693,7 +714,8 @@ class Bench:
     def run(self) -> None:
         args = self.args
         t0 = time.perf_counter()
-        print(f"database {DATABASE} on {conninfo.make_conninfo(ADMIN_DSN, password=None)}", flush=True)
+        print(f"database {DATABASE} on {conninfo.make_conninfo(ADMIN_DSN, password=None)}; "
+              f"{os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
         dsn = create_database()
         self.created_database = True
         self.runner.run(prepare_database(dsn))
@@ -712,15 +734,20 @@ class Bench:
 
         top = max(args.clients)
         for column, server in servers.items():
-            self.boto_clients[column] = [boto_client(server.url) for _ in range(top)]
+            session = boto3.session.Session()
+            self.boto_clients[column] = [boto_client(session, server.url) for _ in range(top)]
 
         # warm up every server and client alike: pool connections, prepared statements, code paths
         print(f"warming up ({args.warmup:g}s per row and system)", flush=True)
+        # (moto has no connections to open nor statements to prepare: a few clients load its code
+        # paths, without the backlog that many clients leave in it)
         for column, server in servers.items():
-            self.boto_repeat(column, server, top, args.warmup)
+            self.boto_repeat(column, server, top if server is conveyor else min(top, 4), args.warmup)
         for column, server in raw_servers.items():
-            self.runner.run(self.raw_repeat(column, server, max(args.raw_clients), args.warmup))
+            self.runner.run(self.raw_repeat(column, server, max(args.raw_clients) if server is conveyor
+                                            else min(max(args.raw_clients), 4), args.warmup))
         self.runner.run(self.pg_repeat(dsn, max(args.raw_clients), args.warmup))
+        self.receive_rate.clear()
         if ERRORS.counts:
             print(f"  errors during warm-up: {dict(ERRORS.counts)}", flush=True)
 
@@ -799,7 +826,7 @@ class Bench:
             line = f"{name:<42}{clients:>8}{fmt(c, '.0f'):>11}{fmt(pg, '.0f'):>9}{fmt(f, '.2f'):>10}  {yes(ok):<6}"
             if args.raw_moto:
                 line += f"{fmt(m, '.0f'):>9}{fmt(cm, '.1f'):>14}x"
-            print(line)
+            print(line.rstrip())
 
         n_boto = sum(ok for *_, ok in boto_rows)
         n_raw = sum(r[5] for r in raw_rows)
@@ -826,7 +853,8 @@ class Bench:
                 line += f" {fmt(m, '.0f')} | {fmt(cm, '.1f')}x |"
             print(line)
         print(f"\ncommand: {command}")
-        print(f"wall time: {self.wall:.0f} s")
+        print(f"wall time: {self.wall:.0f} s; load average at the end "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (the run's own load included)")
 
 
 def parse_args() -> argparse.Namespace:
@@ -837,11 +865,12 @@ def parse_args() -> argparse.Namespace:
                    help="boto3 concurrency levels, threads (default 1 32)")
     p.add_argument("--raw-clients", type=int, nargs="+", default=[1, 64],
                    help="raw HTTP / raw PostgreSQL concurrency levels, coroutines (default 1 64)")
-    p.add_argument("--max-messages", type=int, default=100_000,
-                   help="messages per cell at most; also bounds the queue top-up (default 100000)")
+    p.add_argument("--max-messages", type=int, default=200_000,
+                   help="messages per cell at most; also bounds the receive row's preload (default 200000)")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds per row and system of warm-up (default 1)")
-    p.add_argument("--raw-moto", action=argparse.BooleanOptionalAction, default=True,
-                   help="also drive moto_server with the raw HTTP client (default on)")
+    p.add_argument("--raw-moto", action=argparse.BooleanOptionalAction, default=False,
+                   help="also drive moto_server with the raw HTTP client: Conveyor/moto without boto3's "
+                        "client cost (default off: moto's calls take long at 64 clients, it adds ~2 minutes)")
     p.add_argument("--keep-database", action="store_true", help=f"do not drop database {DATABASE} at the end")
     args = p.parse_args()
     if args.seconds <= 0 or args.repeat < 1 or args.max_messages < 10 or min(args.clients + args.raw_clients) < 1:
@@ -858,10 +887,14 @@ def main() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         bench = Bench(args, runner)
         try:
             bench.run()
+        except KeyboardInterrupt:
+            print("\ninterrupted: stopping the servers", file=sys.stderr)
+            raise SystemExit(130) from None
         finally:
             bench.stop()
     ERRORS.report()
