@@ -124,7 +124,7 @@ def _shape_message(exc: shapes.ShapeError) -> str:
 def result(call: Call, value: Mapping[str, Any] | None) -> Response:
     headers = {"x-amzn-RequestId": call.request_id}
     if call.protocol == "json":
-        return Response(orjson.dumps(_jsonable(value or {})), media_type=JSON_CONTENT_TYPE, headers=headers)
+        return Response(orjson.dumps(value or {}, default=_blob), media_type=JSON_CONTENT_TYPE, headers=headers)
     action = call.action
     inner = ""
     output = call.service.outputs.get(action)
@@ -136,15 +136,12 @@ def result(call: Call, value: Mapping[str, Any] | None) -> Response:
     return Response(xml, media_type="text/xml", headers=headers)
 
 
-def _jsonable(value: Any) -> Any:
-    """Blobs travel as base64 text in the JSON protocol."""
+def _blob(value: Any) -> str:
+    """Blobs travel as base64 text in the JSON protocol (orjson asks only for what it
+    cannot write itself). Handlers leave absent members out rather than set them None."""
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    return value
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
 def error(service: Service, protocol: str, info: ErrorInfo, request_id: str) -> Response:

@@ -72,12 +72,11 @@ def _check_fifo(q: types.Queue, group: str | None, dedup: str | None, delay: int
 
 
 def _sent(message: types.OutgoingMessage, sent: types.Sent, fifo: bool) -> dict[str, Any]:
-    out = {
-        "MessageId": str(sent.message_uuid),
-        "MD5OfMessageBody": ma.md5_of_body(message.body),
-        "MD5OfMessageAttributes": ma.md5_of_attributes(message.headers),
-        "MD5OfMessageSystemAttributes": ma.md5_of_attributes(message.system_attributes),
-    }
+    out = {"MessageId": str(sent.message_uuid), "MD5OfMessageBody": ma.md5_of_body(message.body)}
+    if message.headers:
+        out["MD5OfMessageAttributes"] = ma.md5_of_attributes(message.headers)
+    if message.system_attributes:
+        out["MD5OfMessageSystemAttributes"] = ma.md5_of_attributes(message.system_attributes)
     if fifo:
         out["SequenceNumber"] = sequence_number(sent.id)
     return out
