@@ -4,7 +4,10 @@
     ├── NotFound                 404 — the named thing does not exist
     │   ├── QueueNotFound          (SQLSTATE CVQ01)
     │   ├── MessageNotFound
-    │   └── MoveTaskNotFound       (CVT01)
+    │   ├── MoveTaskNotFound       (CVT01)
+    │   ├── StreamNotFound         (CVS01)
+    │   ├── ConsumerNotFound       (CVS02)
+    │   └── BatchNotFound          (CVS03)
     ├── Conflict                 409 — the request contradicts what is stored
     │   ├── QueueAlreadyExists     (CVQ02)
     │   └── MessageNotInFlight     (CVM02)
@@ -64,6 +67,18 @@ class MessageNotFound(NotFound):
 
 
 class MoveTaskNotFound(NotFound, sqlstate="CVT01"):
+    pass
+
+
+class StreamNotFound(NotFound, sqlstate="CVS01"):
+    pass
+
+
+class ConsumerNotFound(NotFound, sqlstate="CVS02"):
+    pass
+
+
+class BatchNotFound(NotFound, sqlstate="CVS03"):
     pass
 
 

@@ -67,6 +67,9 @@ class Settings:
     depth_scrape_interval: float = 15.0
     shutdown_timeout: float = 10.0
     log_level: str = "info"
+    stream_tick_interval: float = 0.5
+    stream_maint_interval: float = 30.0
+    stream_vacuum_interval: float = 300.0
     # AWS protocols
     region: str = "us-east-1"
     account_id: str = "000000000000"
@@ -122,6 +125,9 @@ _ENV: dict[str, tuple[str, Any]] = {
     "depth_scrape_interval": ("CONVEYOR_DEPTH_SCRAPE_INTERVAL", float),
     "shutdown_timeout": ("CONVEYOR_SHUTDOWN_TIMEOUT", float),
     "log_level": ("CONVEYOR_LOG_LEVEL", str),
+    "stream_tick_interval": ("CONVEYOR_STREAM_TICK_INTERVAL", float),
+    "stream_maint_interval": ("CONVEYOR_STREAM_MAINT_INTERVAL", float),
+    "stream_vacuum_interval": ("CONVEYOR_STREAM_VACUUM_INTERVAL", float),
     "region": ("CONVEYOR_REGION", str),
     "account_id": ("CONVEYOR_ACCOUNT_ID", str),
     "base_url": ("CONVEYOR_BASE_URL", lambda v: v.rstrip("/")),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -128,6 +128,104 @@ class MoveTask:
     to_move: int
     failure_reason: str | None
     started_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A stream's configuration (``conveyor.stream_info``)."""
+
+    name: str
+    rotation_period: timedelta
+    ticker_max_count: int
+    ticker_max_lag: timedelta
+    ticker_idle_period: timedelta
+    ticker_paused: bool
+    max_retries: int
+    event_ttl: timedelta | None
+    cur_table: int
+    switch_time: datetime
+    created_at: datetime
+    consumers: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEventIn:
+    """An event to append. The payload is stored as given (text)."""
+
+    payload: str
+    type: str = "default"
+    extra1: str | None = None
+    extra2: str | None = None
+    extra3: str | None = None
+    extra4: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k in ("type", "payload", "extra1", "extra2", "extra3", "extra4")
+                if (v := getattr(self, k)) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """An event as a consumer receives it (``conveyor.stream_event``)."""
+
+    id: int
+    batch_id: int
+    type: str
+    payload: str | None
+    retry_count: int | None
+    created_at: datetime
+    extra1: str | None = None
+    extra2: str | None = None
+    extra3: str | None = None
+    extra4: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDeadLetter:
+    id: int
+    stream_id: int
+    consumer: str
+    dead_at: datetime
+    reason: str | None
+    ev_id: int
+    ev_time: datetime
+    ev_retry: int | None
+    ev_type: str | None
+    ev_data: str | None
+    ev_extra1: str | None = None
+    ev_extra2: str | None = None
+    ev_extra3: str | None = None
+    ev_extra4: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStats:
+    stream: str
+    depth: int
+    oldest_event_age: timedelta | None
+    consumers: int
+    events_per_sec: Any
+    cur_table: int
+    rotation_age: timedelta
+    rotation_period: timedelta
+    ticker_paused: bool
+    last_tick_time: datetime | None
+    last_tick_id: int | None
+    dead_letters: int
+    pending_retries: int
+    delayed: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStats:
+    stream: str
+    consumer: str
+    lag: timedelta | None
+    pending_events: int
+    last_seen: datetime
+    batch_active: bool
+    batch_id: int | None
+    batch_age: timedelta | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ def test_every_shipped_query_is_named_entity_first_and_parameterised():
     found = queries.all_queries()
     assert "message_send" in found and "queue_create" in found
     for name, sql in found.items():
-        assert re.match(r"^(queue|message|move_task)_[a-z_]+$", name), name
+        assert re.match(r"^(queue|message|move_task|stream)_[a-z_]+$", name), name
         assert "{" not in sql, "no string formatting placeholders in SQL"
 
 

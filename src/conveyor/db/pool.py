@@ -88,6 +88,15 @@ class Database:
                          acquire_timeouts=s.get("requests_errors", 0))
 
 
+async def vacuum(conn: execute.Connection, table: str) -> None:
+    """VACUUM one of Conveyor's tables (named by the schema itself, e.g. from
+    conveyor.maint_tables_to_vacuum(); quoted as an identifier all the same)."""
+    schema, _, name = table.partition(".")
+    with execute.translated():
+        await conn.execute(psycopg.sql.SQL("VACUUM {}.{}").format(psycopg.sql.Identifier(schema),
+                                                                  psycopg.sql.Identifier(name)))
+
+
 @contextlib.asynccontextmanager
 async def connect(dsn: str, *, autocommit: bool = True) -> AsyncIterator[execute.Connection]:
     """One connection outside any pool (CLI commands, migrations, LISTEN)."""

@@ -26,6 +26,10 @@ class Broker(Protocol):
     async def receive(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
         """Receive, long-polling up to ``params.wait`` without holding a connection."""
 
+    async def stream_receive(self, stream: str, consumer: str, max_events: int,
+                             wait: float = 0.0) -> list[types.StreamEvent]:
+        """A stream consumer's next batch, long-polling up to ``wait`` seconds."""
+
     async def delete(self, queue: str, ids: Sequence[int]) -> list[int]: ...
 
     async def archive(self, queue: str, ids: Sequence[int]) -> list[int]: ...

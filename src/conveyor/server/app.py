@@ -56,7 +56,9 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> S
         await _startup(settings, database, open_timeout)
         await broker.start()
         tasks = workers.start(database, metrics, maintenance_interval=settings.maintenance_interval,
-                              depth_interval=settings.depth_scrape_interval)
+                              depth_interval=settings.depth_scrape_interval,
+                              stream_intervals=(settings.stream_tick_interval, settings.stream_maint_interval,
+                                                settings.stream_vacuum_interval))
         try:
             yield
         finally:

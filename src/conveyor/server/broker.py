@@ -9,12 +9,13 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from conveyor import types
-from conveyor.core import messages, queues
+from conveyor.core import messages, queues, streams
 from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
 from conveyor.server.fusion import Fuser
 from conveyor.server.metrics import Metrics
-from conveyor.server.waiters import WaiterHub
+
+from conveyor.server.waiters import WaiterHub, stream_key
 from conveyor.settings import Settings
 
 
@@ -143,6 +144,35 @@ class ServerBroker:
     async def _mark_listened(self, queue: str, seconds: int) -> None:
         async with self.database.connection() as conn:
             await queues.listen(conn, queue, seconds)
+
+    # -- streams -----------------------------------------------------------------------
+
+    async def stream_receive(self, stream: str, consumer: str, max_events: int,
+                             wait: float = 0.0) -> list[types.StreamEvent]:
+        """The consumer's next batch, long-polling up to ``wait`` seconds for a tick
+        without holding a connection."""
+        started = time.monotonic()
+        got = await self._stream_receive_once(stream, consumer, max_events)
+        wait = min(max(wait, 0.0), float(self.settings.max_wait_seconds))
+        if got or wait <= 0 or self.waiters.closing:
+            return got
+        with self.waiters.register(stream_key(stream)) as waiter:
+            self.metrics.long_pollers.inc()
+            try:
+                while True:
+                    remaining = started + wait - time.monotonic()
+                    if remaining <= 0 or self.waiters.closing:
+                        return got
+                    await waiter.wait(remaining)
+                    got = await self._stream_receive_once(stream, consumer, max_events)
+                    if got:
+                        return got
+            finally:
+                self.metrics.long_pollers.dec()
+
+    async def _stream_receive_once(self, stream: str, consumer: str, max_events: int) -> list[types.StreamEvent]:
+        async with self.database.connection() as conn:
+            return await streams.receive(conn, stream, consumer, max_events)
 
     # -- acknowledge -----------------------------------------------------------------
 

@@ -7,6 +7,10 @@ first; a woken waiter that loses the race goes back to sleep. Sends only NOTIFY 
 server has marked the queue as listened to (``conveyor.queue_listen``), because NOTIFY
 serialises commits; the hub renews that mark while it has waiters.
 
+Stream consumers wait the same way, under the key ``stream:<name>``: the ticker announces
+every tick on ``conveyor_stream`` and all waiters of that stream are woken (each is a
+different consumer with its own batch).
+
 Messages can also become visible without a send (a visibility timeout or a delay runs
 out, or a send raced the mark): every ``poll_fallback`` seconds the hub wakes the oldest
 waiter of each queue so that it looks again. After the LISTEN connection is re-established
@@ -27,7 +31,12 @@ from conveyor.db import listen
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "conveyor_queue"
+QUEUE_CHANNEL = "conveyor_queue"
+STREAM_CHANNEL = "conveyor_stream"
+
+
+def stream_key(stream: str) -> str:
+    return f"stream:{stream}"
 
 
 class Waiter:
@@ -128,7 +137,11 @@ class WaiterHub:
             for waiter in waiters:
                 waiter.event.set()
 
-    def _on_payload(self, payload: str) -> None:
+    def _on_notification(self, channel: str, payload: str) -> None:
+        if channel == STREAM_CHANNEL:
+            for waiter in list(self._waiters.get(stream_key(payload), ())):
+                waiter.event.set()
+            return
         count, _, queue = payload.partition(" ")
         try:
             n = int(count)
@@ -140,9 +153,10 @@ class WaiterHub:
         delay = 0.1
         while True:
             try:
-                async for payload in listen.notifications(self._dsn, CHANNEL, self._on_listening):
+                async for channel, payload in listen.notifications(
+                        self._dsn, (QUEUE_CHANNEL, STREAM_CHANNEL), self._on_listening):
                     delay = 0.1
-                    self._on_payload(payload)
+                    self._on_notification(channel, payload)
             except errors.ConveyorError as exc:
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
             self._connected.clear()

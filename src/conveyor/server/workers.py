@@ -1,6 +1,6 @@
-"""Background workers of a server process: retention clean-up, the depth scrape and
-message move tasks. All are safe to run in every process at once (the SQL uses SKIP
-LOCKED)."""
+"""Background workers of a server process: retention clean-up, the depth scrape, message
+move tasks (all safe to run in every process at once: the SQL uses SKIP LOCKED), and the
+stream ticker with stream maintenance (one process per database, by advisory lock)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from conveyor import errors
-from conveyor.core import move_tasks, queues
+from conveyor.core import move_tasks, queues, streams
+from conveyor.db import pool
 from conveyor.db.pool import Database
 from conveyor.server.metrics import Metrics
 
@@ -47,9 +48,47 @@ async def move_dead_letters(database: Database) -> None:
         await move_tasks.step(conn)
 
 
+async def stream_ticker(dsn: str, *, tick_interval: float, maint_interval: float,
+                        vacuum_interval: float, retry_interval: float = 5.0) -> None:
+    """The streams' ticker and maintenance. One process per database does it: the one
+    holding a session advisory lock on its own connection; the others retry now and then,
+    so another takes over when the holder stops or loses its connection."""
+    while True:
+        try:
+            async with pool.connect(dsn) as conn:
+                while not await streams.take_ticker_lock(conn):
+                    await asyncio.sleep(retry_interval)
+                log.info("this process runs the stream ticker")
+                await _tick_forever(conn, tick_interval, maint_interval, vacuum_interval)
+        except errors.ConveyorError as exc:
+            log.warning("stream ticker: %s; retrying", exc)
+        await asyncio.sleep(retry_interval)
+
+
+async def _tick_forever(conn: object, tick_interval: float, maint_interval: float, vacuum_interval: float) -> None:
+    loop = asyncio.get_running_loop()
+    next_maint = next_vacuum = loop.time()
+    while True:
+        await streams.ticker(conn)
+        now = loop.time()
+        if now >= next_maint:
+            for _ in range(2):  # the second round completes a rotation the first began
+                await streams.maint(conn)
+            next_maint = now + maint_interval
+        if now >= next_vacuum:
+            for table in await streams.tables_to_vacuum(conn):
+                await pool.vacuum(conn, table)
+            next_vacuum = now + vacuum_interval
+        await asyncio.sleep(tick_interval)
+
+
 def start(database: Database, metrics: Metrics, *, maintenance_interval: float,
-          depth_interval: float, move_interval: float = 1.0) -> list[asyncio.Task[None]]:
+          depth_interval: float, move_interval: float = 1.0,
+          stream_intervals: tuple[float, float, float] = (0.5, 30.0, 300.0)) -> list[asyncio.Task[None]]:
+    tick, maint, vacuum = stream_intervals
     return [
+        asyncio.create_task(stream_ticker(database.dsn, tick_interval=tick, maint_interval=maint,
+                                          vacuum_interval=vacuum), name="conveyor-stream-ticker"),
         asyncio.create_task(every(move_interval, "message move tasks", lambda: move_dead_letters(database)),
                             name="conveyor-move-tasks"),
         asyncio.create_task(every(maintenance_interval, "maintenance", lambda: maintenance(database)),
