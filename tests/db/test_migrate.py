@@ -61,3 +61,18 @@ async def test_concurrent_migrations_serialise(empty_dsn):
 
     results = await asyncio.gather(*(run() for _ in range(4)))
     assert sorted(results) == [0, 0, 0, len(migrate.migrations())]
+
+
+async def test_bundle_runs_again_safely_and_keeps_data(empty_dsn, tmp_path):
+    script = tmp_path / "conveyor.sql"
+    script.write_text(migrate.bundle())
+    psql = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(script), empty_dsn]
+    subprocess.run(psql, check=True, capture_output=True, text=True)
+    async with pool.connect(empty_dsn) as conn:
+        await queues.create(conn, "jobs")
+        await messages.send(conn, "jobs", types.OutgoingMessage("kept"))
+    again = subprocess.run(psql, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    async with pool.connect(empty_dsn) as conn:
+        assert [m.body for m in await messages.peek(conn, "jobs")] == ["kept"]
+        assert await migrate.migrate(conn) == []

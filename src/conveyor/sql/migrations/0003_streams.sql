@@ -1223,6 +1223,16 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Removes Conveyor from this database: stops the pg_cron jobs and drops the schema with
+-- everything in it (queues, streams, messages). The roles stay (they are cluster-wide).
+CREATE FUNCTION conveyor.uninstall() RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    PERFORM conveyor.stop();
+    DROP SCHEMA conveyor CASCADE;
+    RETURN 'conveyor uninstalled';
+END $$;
+
 ------------------------------------------------------------------------------------------
 -- Roles
 ------------------------------------------------------------------------------------------
@@ -1259,7 +1269,7 @@ BEGIN
         conveyor.stream_pause(text), conveyor.stream_resume(text), conveyor.stream_force_tick(text),
         conveyor.stream_dead_letter_replay(bigint), conveyor.stream_dead_letter_replay_all(text),
         conveyor.stream_dead_letter_purge(text, interval), conveyor.ticker(), conveyor.maint(),
-        conveyor.maint_tables_to_vacuum(), conveyor.start(), conveyor.stop()
+        conveyor.maint_tables_to_vacuum(), conveyor.start(), conveyor.stop(), conveyor.uninstall()
         TO conveyor_admin;
     GRANT EXECUTE ON PROCEDURE conveyor.ticker_loop(integer, integer), conveyor.maint_run() TO conveyor_admin;
 EXCEPTION WHEN undefined_object THEN
