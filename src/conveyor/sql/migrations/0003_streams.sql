@@ -227,6 +227,44 @@ BEGIN
     RETURN s;
 END $$;
 
+-- One event: the single-insert path (a plain VALUES insert plans in a fraction of the
+-- time of the JSON path's recordset walk, and most producers append one at a time).
+CREATE FUNCTION conveyor._stream_insert_one(stream_name text, type text, payload text, extra1 text,
+                                            extra2 text, extra3 text, extra4 text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    s conveyor.streams;
+    id bigint;
+BEGIN
+    PERFORM pg_current_xact_id();
+    s := conveyor._stream(stream_name);
+    EXECUTE format(
+        'INSERT INTO %s (ev_id, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+         VALUES (nextval($1), coalesce($2, ''default''), $3, $4, $5, $6, $7) RETURNING ev_id',
+        conveyor._stream_table(s, s.cur_table))
+    INTO id USING s.event_seq, type, payload, extra1, extra2, extra3, extra4;
+    RETURN id;
+END $$;
+
+-- Many payloads of one type, straight from an array (no JSON built or parsed).
+CREATE FUNCTION conveyor._stream_insert_array(stream_name text, type text, payloads text[]) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    s conveyor.streams;
+BEGIN
+    PERFORM pg_current_xact_id();
+    s := conveyor._stream(stream_name);
+    IF payloads IS NULL OR cardinality(payloads) = 0 THEN
+        PERFORM conveyor._raise('CVV01', 'payloads must be a non-empty array');
+    END IF;
+    RETURN QUERY EXECUTE format(
+        'INSERT INTO %s (ev_id, ev_type, ev_data)
+         SELECT nextval($1), coalesce($2, ''default''), p FROM unnest($3) WITH ORDINALITY AS u(p, i)
+          ORDER BY i
+         RETURNING ev_id', conveyor._stream_table(s, s.cur_table))
+    USING s.event_seq, type, payloads;
+END $$;
+
 -- Inserts events (a JSON array of {type, payload, extra1..4}) into the current table.
 -- The transaction id is taken before the current table is read (see the header).
 CREATE FUNCTION conveyor._stream_insert(stream_name text, events jsonb) RETURNS SETOF bigint
@@ -414,8 +452,7 @@ CREATE FUNCTION conveyor.stream_send(stream_name text, payload text, type text D
                                      extra1 text DEFAULT NULL, extra2 text DEFAULT NULL,
                                      extra3 text DEFAULT NULL, extra4 text DEFAULT NULL) RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
-    SELECT conveyor._stream_insert(stream_name, jsonb_build_array(jsonb_build_object(
-        'type', type, 'payload', payload, 'extra1', extra1, 'extra2', extra2, 'extra3', extra3, 'extra4', extra4)))
+    SELECT conveyor._stream_insert_one(stream_name, type, payload, extra1, extra2, extra3, extra4)
 $$;
 
 CREATE FUNCTION conveyor.stream_send(stream_name text, payload jsonb, type text DEFAULT 'default',
@@ -428,9 +465,7 @@ $$;
 -- Appends many payloads of one type in one statement; ids in input order.
 CREATE FUNCTION conveyor.stream_send_batch(stream_name text, type text, payloads text[]) RETURNS SETOF bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
-    SELECT conveyor._stream_insert(stream_name, (
-        SELECT coalesce(jsonb_agg(jsonb_build_object('type', type, 'payload', p) ORDER BY i), '[]')
-          FROM unnest(payloads) WITH ORDINALITY AS u(p, i)))
+    SELECT conveyor._stream_insert_array(stream_name, type, payloads)
 $$;
 
 CREATE FUNCTION conveyor.stream_send_batch(stream_name text, type text, payloads jsonb[]) RETURNS SETOF bigint
