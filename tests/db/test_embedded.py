@@ -220,6 +220,40 @@ def test_restart_bounces_the_server_and_keeps_data(data_dir, make):
     assert not pg.is_running()
 
 
+def test_extra_settings_are_added_to_and_override_the_defaults(data_dir):
+    pg = EmbeddedPostgres(
+        data_dir,
+        settings={"max_connections": 50, "cluster_name": "it's conveyor", "log_connections": True, "jit": False},
+    )
+    plain = EmbeddedPostgres(data_dir)  # settings belong to the object, rewritten on every start
+    try:
+        dsn = pg.start()
+        assert query(dsn, "SHOW max_connections") == "50"  # overrides SERVER_SETTINGS
+        assert query(dsn, "SHOW cluster_name") == "it's conveyor"  # added, quoted
+        assert query(dsn, "SHOW log_connections") == "on"
+        assert query(dsn, "SHOW jit") == "off"
+        assert query(dsn, "SHOW shared_buffers") == "128MB"  # the other defaults stay
+        assert query(dsn, "SHOW fsync") == "on"
+        assert query(dsn, "SHOW port") == str(urlsplit(dsn).port)
+        conf = (data_dir / "pgdata" / "conveyor.conf").read_text()
+        assert "max_connections = 50\n" in conf and "max_connections = 200" not in conf
+        pg.stop()
+
+        assert plain.start() == dsn
+        assert query(dsn, "SHOW max_connections") == "200"
+        assert query(dsn, "SHOW cluster_name") == ""
+        plain.stop()
+    finally:
+        pg.stop()
+        plain.stop()
+        if pg.is_running():
+            pg._pg_ctl("stop", "-w", "-m", "immediate", check=False, timeout=60)
+
+    for bad in ("port", "unix_socket_directories", "max_connections = 1\nfsync", ""):
+        with pytest.raises(EmbeddedError, match="cannot set"):
+            EmbeddedPostgres(data_dir, settings={bad: "x"})
+
+
 def test_stale_postmaster_pid_after_server_crash_does_not_prevent_start(data_dir, make):
     pg = make(data_dir)
     dsn = pg.start()

@@ -64,6 +64,7 @@ import stat
 import subprocess
 import time
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,7 @@ SERVER_SETTINGS = {
     "fsync": "on",  # durability is the product: never trade it for speed here
 }
 CONF_FILE = "conveyor.conf"
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
 INCLUDE_LINE = f"include = '{CONF_FILE}'"
 
 
@@ -253,7 +255,9 @@ def _pick_free_port() -> int:
 
 
 def _conf_value(value: object) -> str:
-    """A postgresql.conf literal: numbers bare, everything else single-quoted."""
+    """A postgresql.conf literal: booleans as on/off, numbers bare, everything else single-quoted."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
     if isinstance(value, int):
         return str(value)
     return "'" + str(value).replace("'", "''") + "'"
@@ -294,6 +298,11 @@ class EmbeddedPostgres:
     See the module docstring for the directory layout and ownership rules.
     ``port`` forces a TCP port (otherwise the one remembered in ``data_dir``
     is reused while free); ``bin_dir`` overrides :func:`find_binaries`.
+    ``settings`` are extra server settings written to ``conveyor.conf`` on every
+    start, added to (and overriding) :data:`SERVER_SETTINGS`, e.g.
+    ``{"shared_preload_libraries": "pg_cron", "cron.database_name": "conveyor"}``.
+    They take effect at the next start of the cluster, not while it runs. The port
+    and the socket directory are not among them: use ``port``.
     """
 
     def __init__(
@@ -302,6 +311,7 @@ class EmbeddedPostgres:
         *,
         port: int | None = None,
         bin_dir: Path | None = None,
+        settings: Mapping[str, str | int | bool] | None = None,
     ) -> None:
         if port == SYSTEM_PORT:
             raise EmbeddedError(
@@ -311,6 +321,13 @@ class EmbeddedPostgres:
         self.data_dir = Path(data_dir if data_dir is not None else default_data_dir()).absolute()
         self._requested_port = port
         self._bin_dir = Path(bin_dir) if bin_dir is not None else None
+        self._settings = dict(settings or {})
+        for key in self._settings:
+            if key in ("port", "unix_socket_directories") or not _SETTING_NAME.fullmatch(key):
+                raise EmbeddedError(
+                    f"cannot set {key!r} through settings: it must be a PostgreSQL setting name, and "
+                    "neither port (use the port argument) nor unix_socket_directories (always sock/)"
+                )
         self._run_as = _run_user()
         self._lock_fd: int | None = None
         self._port: int | None = None
@@ -573,7 +590,7 @@ class EmbeddedPostgres:
         Rewriting on every start keeps port and socket path right even if the
         port changed or the data directory was moved.
         """
-        settings = dict(SERVER_SETTINGS, port=port, unix_socket_directories=str(self.socket_dir))
+        settings = {**SERVER_SETTINGS, **self._settings, "port": port, "unix_socket_directories": str(self.socket_dir)}
         lines = ["# Written by conveyor.db.embedded before every start; edits are overwritten."]
         lines += [f"{key} = {_conf_value(value)}" for key, value in settings.items()]
         _write_private(self.pgdata / CONF_FILE, "\n".join(lines) + "\n", owner=self._run_as)

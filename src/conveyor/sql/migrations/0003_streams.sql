@@ -1184,12 +1184,14 @@ BEGIN
                || 'CALL conveyor.maint_run() every minute from another scheduler, or let conveyor serve do it';
     END IF;
     PERFORM conveyor.stop();
+    -- cron.schedule runs jobs in the database pg_cron is installed in, which is this one
+    -- (pg_cron lives only in cron.database_name); unlike schedule_in_database it is
+    -- granted to non-superusers, as owners on managed services are.
     EXECUTE 'SELECT ARRAY[
-               cron.schedule_in_database(''conveyor_ticker'', ''* * * * *'', ''CALL conveyor.ticker_loop(55, 1000)'', current_database()),
-               cron.schedule_in_database(''conveyor_maint'', ''* * * * *'', ''CALL conveyor.maint_run()'', current_database()),
-               cron.schedule_in_database(''conveyor_vacuum'', ''*/5 * * * *'',
-                   ''VACUUM conveyor.streams, conveyor.stream_ticks, conveyor.stream_consumers, conveyor.stream_retries, conveyor.stream_delayed'',
-                   current_database())]'
+               cron.schedule(''conveyor_ticker'', ''* * * * *'', ''CALL conveyor.ticker_loop(55, 1000)''),
+               cron.schedule(''conveyor_maint'', ''* * * * *'', ''CALL conveyor.maint_run()''),
+               cron.schedule(''conveyor_vacuum'', ''*/5 * * * *'',
+                   ''VACUUM conveyor.streams, conveyor.stream_ticks, conveyor.stream_consumers, conveyor.stream_retries, conveyor.stream_delayed'')]'
        INTO ids;
     UPDATE conveyor.stream_cron SET ticker_job_id = ids[1], maint_job_id = ids[2], vacuum_job_id = ids[3];
     RETURN format('scheduled pg_cron jobs %s (ticker every second within a minute job, maintenance every minute, '
@@ -1244,10 +1246,14 @@ BEGIN
         ELSE
             EXECUTE 'SELECT CASE WHEN j.active THEN ''scheduled'' ELSE ''inactive'' END,
                             ''job '' || j.jobid || '' '' || j.schedule || coalesce(
-                              '', last run '' || r.status || '' at '' || to_char(r.start_time, ''YYYY-MM-DD HH24:MI:SS''), '', not run yet'')
+                              '', last run '' || r.status
+                                || coalesce('' at '' || to_char(r.start_time, ''YYYY-MM-DD HH24:MI:SS''), '''')
+                                || CASE WHEN r.status = ''failed'' THEN coalesce('': '' || r.return_message, '''') ELSE '''' END,
+                              '', not run yet'')
                        FROM cron.job j
+                       -- the latest run by id: a run that failed to connect has no start_time
                        LEFT JOIN LATERAL (SELECT * FROM cron.job_run_details d WHERE d.jobid = j.jobid
-                                           ORDER BY d.start_time DESC LIMIT 1) r ON true
+                                           ORDER BY d.runid DESC LIMIT 1) r ON true
                       WHERE j.jobid = $1'
                INTO state, detail USING job;
             IF state IS NULL THEN
