@@ -10,11 +10,21 @@ from pydantic import BaseModel
 from conveyor.protocols.rest import models
 
 _REF = "#/components/schemas/{model}"
+_ID = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
 _PATH_PARAMS = {
     "name": {"type": "string", "pattern": models.QUEUE_NAME_PATTERN},
-    "id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+    "id": _ID,
 }
-_ARRAY_RESPONSES = {("GET", "/queues"), ("GET", "/queues/{name}/messages")}
+_STREAM_PATH_PARAMS = {
+    "name": {"type": "string", "pattern": models.STREAM_NAME_PATTERN},
+    "consumer": {"type": "string", "pattern": models.CONSUMER_NAME_PATTERN},
+    "batch_id": _ID,
+    "id": _ID,
+}
+_ARRAY_RESPONSES = {("GET", "/queues"), ("GET", "/queues/{name}/messages"), ("GET", "/streams"),
+                    ("GET", "/streams/{name}/consumers"), ("GET", "/streams/{name}/dead-letters")}
+# Bodies and answers that are one object or an array of them (201 {id} or {ids}).
+_ONE_OR_MANY = {models.MessageIn: models.SendBatch, models.EventIn: models.EventBatch}
 
 # OpenAPI links: what a created queue or message leads to (lets clients and stateful
 # testers chain calls).
@@ -27,6 +37,20 @@ _LINKS = {
         op: {"operationId": op, "parameters": {"name": "$request.path.name", "id": "$response.body#/id"}}
         for op in _MESSAGE_OPS},
 }
+_STREAM_OPS = ["get_stream", "alter_stream", "delete_stream", "stream_stats", "append_events", "list_consumers",
+               "subscribe", "list_dead_letters", "purge_dead_letters", "replay_dead_letters"]
+_CONSUMER_OPS = ["receive_batch", "unsubscribe"]
+_BATCH_OPS = ["ack_batch", "nack_event", "dead_letter_event"]
+_LINKS.update({
+    ("POST", "/streams", 201): {op: {"operationId": op, "parameters": {"name": "$response.body#/name"}}
+                                for op in _STREAM_OPS},
+    ("POST", "/streams/{name}/consumers", 201): {
+        op: {"operationId": op, "parameters": {"name": "$request.path.name", "consumer": "$response.body#/name"}}
+        for op in _CONSUMER_OPS},
+    ("GET", "/streams/{name}/consumers/{consumer}/batch", 200): {
+        op: {"operationId": op, "parameters": {"name": "$request.path.name", "batch_id": "$response.body#/batch_id"}}
+        for op in _BATCH_OPS},
+})
 
 
 def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +68,8 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
 
 
 def _operation(e: Any, components: dict[str, Any]) -> dict[str, Any]:
-    params = [{"name": p, "in": "path", "required": True, "schema": _PATH_PARAMS[p]}
+    schemas = _STREAM_PATH_PARAMS if e.path.startswith("/streams") else _PATH_PARAMS
+    params = [{"name": p, "in": "path", "required": True, "schema": schemas[p]}
               for p in re.findall(r"{(\w+)}", e.path)]
     if e.query is not None:
         params += _query_parameters(e.query)
@@ -57,8 +82,8 @@ def _operation(e: Any, components: dict[str, Any]) -> dict[str, Any]:
     }
     if e.body is not None:
         body_schema = _schema(e.body, components)
-        if e.body is models.MessageIn:
-            body_schema = {"oneOf": [body_schema, _schema(models.SendBatch, components)]}
+        if e.body in _ONE_OR_MANY:
+            body_schema = {"oneOf": [body_schema, _schema(_ONE_OR_MANY[e.body], components)]}
         op["requestBody"] = {"required": e.body_required,
                              "content": {"application/json": {"schema": body_schema}}}
     for status, model in sorted(e.responses.items()):
@@ -94,7 +119,7 @@ def document(endpoints: list[Any], version: str) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Conveyor REST API", "version": version,
-                 "description": "Queues and messages on PostgreSQL. See docs/rest-api.md."},
+                 "description": "Queues, messages and event streams on PostgreSQL. See docs/rest-api.md."},
         "paths": paths,
         "components": {
             "schemas": dict(sorted(components.items())),

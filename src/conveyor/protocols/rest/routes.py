@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from conveyor import errors
-from conveyor.protocols.rest import messages, models, openapi, queues, render
+from conveyor.protocols.rest import messages, models, openapi, queues, render, streams
 
 Handler = Callable[[Request], Awaitable[Response]]
 ROLE_RANK = {"read": 0, "write": 1, "admin": 2}
@@ -36,6 +36,10 @@ class Endpoint:
 
 Q = "/queues/{name}"
 MSG = Q + "/messages/{id}"
+S = "/streams/{name}"
+CONSUMER = S + "/consumers/{consumer}"
+BATCH = S + "/batches/{batch_id}"
+DL = S + "/dead-letters"
 
 ENDPOINTS = [
     Endpoint("GET", "/queues", queues.list_queues, "read", "List queues (optionally by name prefix)",
@@ -68,6 +72,50 @@ ENDPOINTS = [
     Endpoint("POST", MSG + "/fail", messages.fail, "write",
              "Fail a message: to the dead-letter queue, else to the archive as failed",
              {204: None, 404: models.Error}, body=models.Fail, body_required=False),
+    # -- streams -------------------------------------------------------------------------
+    Endpoint("GET", "/streams", streams.list_streams, "read", "List streams", {200: models.Stream}),
+    Endpoint("POST", "/streams", streams.create_stream, "admin",
+             "Create a stream (returns the existing one if every given option matches); intervals in seconds",
+             {201: models.Stream, 409: models.Error}, body=models.StreamCreate),
+    Endpoint("GET", S, streams.get_stream, "read", "A stream's options, stats and consumers",
+             {200: models.StreamDetail, 404: models.Error}),
+    Endpoint("PATCH", S, streams.alter_stream, "admin",
+             "Change a stream's options (ticker_paused pauses its ticker); event_ttl null: no limit",
+             {200: models.Stream, 404: models.Error}, body=models.StreamOptions),
+    Endpoint("DELETE", S, streams.delete_stream, "admin", "Delete a stream, its events and consumers",
+             {204: None, 404: models.Error}),
+    Endpoint("GET", S + "/stats", streams.stream_stats, "read", "A stream's stats and health checks",
+             {200: models.StreamStatsReport, 404: models.Error}),
+    Endpoint("POST", S + "/events", streams.append_events, "write",
+             "Append one event (object) or a batch (array); answered after commit",
+             {201: models.Sent, 404: models.Error, 413: models.Error}, body=models.EventIn),
+    Endpoint("GET", S + "/consumers", streams.list_consumers, "read", "A stream's consumers and their lag",
+             {200: models.ConsumerStats, 404: models.Error}),
+    Endpoint("POST", S + "/consumers", streams.subscribe, "write",
+             "Subscribe a consumer from now on: 201, or 200 if it already is",
+             {200: models.Consumer, 201: models.Consumer, 404: models.Error}, body=models.Subscription),
+    Endpoint("DELETE", CONSUMER, streams.unsubscribe, "write", "Unsubscribe a consumer",
+             {204: None, 404: models.Error}),
+    Endpoint("GET", CONSUMER + "/batch", streams.receive_batch, "write",
+             "The consumer's next batch (the open one again until acknowledged); wait long-polls",
+             {200: models.ReceivedBatch, 404: models.Error}, query=models.StreamReceiveQuery),
+    Endpoint("POST", BATCH + "/ack", streams.ack_batch, "write",
+             "Acknowledge a batch: all of it is done, returned or not", {204: None, 404: models.Error}),
+    Endpoint("POST", BATCH + "/nack", streams.nack_event, "write",
+             "Retry one event of a batch for this consumer later, or dead-letter it past max_retries",
+             {200: models.Nacked, 404: models.Error}, body=models.Nack),
+    Endpoint("POST", BATCH + "/dead-letter", streams.dead_letter_event, "write",
+             "Move one event of a batch to the dead letters", {204: None, 404: models.Error},
+             body=models.DeadLetterRequest),
+    Endpoint("GET", DL, streams.list_dead_letters, "read", "A stream's dead letters, oldest first",
+             {200: models.DeadLetter, 404: models.Error}, query=models.DeadLettersQuery),
+    Endpoint("DELETE", DL, streams.purge_dead_letters, "admin", "Delete dead letters older than older_than seconds",
+             {200: models.DeadLettersPurged, 404: models.Error}, query=models.PurgeQuery),
+    Endpoint("POST", DL + "/replay", streams.replay_dead_letters, "admin",
+             "Append every dead letter to the stream again", {200: models.ReplayedAll, 404: models.Error}),
+    Endpoint("POST", DL + "/{id}/replay", streams.replay_dead_letter, "admin",
+             "Append one dead letter to the stream again (every consumer sees it)",
+             {200: models.Replayed, 404: models.Error}),
 ]
 
 
