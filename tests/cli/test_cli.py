@@ -176,7 +176,7 @@ def test_fifo_send_with_group_and_dedup(dsn):
 
 def test_status_empty(dsn):
     assert ok(run(dsn, "status")).strip() == "no queues"
-    assert ok_json(run(dsn, "status", "--json")) == []
+    assert ok_json(run(dsn, "status", "--json")) == {"queues": [], "streams": [], "consumers": []}
 
 
 def test_status_rows(dsn):
@@ -191,7 +191,7 @@ def test_status_rows(dsn):
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows["live"][1:5] == ["no", "1", "1", "0"] and rows["live"][-2:] == ["dead", "0"]
     assert rows["f.fifo"][1] == "yes" and rows["dead"][-2:] == ["-", "-"]
-    by_name = {r["queue_name"]: r for r in ok_json(run(dsn, "--json", "status"))}
+    by_name = {r["queue_name"]: r for r in ok_json(run(dsn, "--json", "status"))["queues"]}
     assert by_name["live"]["queue_length"] == 1 and by_name["live"]["in_flight"] == 1
     assert by_name["live"]["total_messages"] == 2 and by_name["live"]["dead_letter_queue"] == "dead"
     assert by_name["f.fifo"]["fifo"] is True
@@ -260,7 +260,7 @@ def test_installed_entry_point(dsn):
     missing = _entry("--database-url", dsn, "queues", "show", "nope")
     assert missing.returncode == 1 and "queue 'nope' does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr and missing.stdout == ""
-    assert json.loads(_entry("--database-url", dsn, "status", "--json").stdout) == []
+    assert json.loads(_entry("--database-url", dsn, "status", "--json").stdout)["queues"] == []
 
 
 def test_a_database_without_the_schema_says_to_migrate(empty_dsn):

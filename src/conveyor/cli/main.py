@@ -40,7 +40,7 @@ def cli(ctx: click.Context, database_url: str | None, data_dir: str | None, as_j
 
 
 def _register() -> None:
-    from conveyor.cli import db, messages, queues, serve, status
+    from conveyor.cli import db, messages, queues, serve, status, streams
 
     cli.add_command(serve.serve)
     cli.add_command(db.db)
@@ -49,6 +49,7 @@ def _register() -> None:
     cli.add_command(messages.receive)
     cli.add_command(messages.peek)
     cli.add_command(status.status)
+    cli.add_command(streams.streams)
 
 
 def main() -> None:

@@ -1,15 +1,18 @@
-"""``conveyor status``: every queue's depth and traffic at a glance."""
+"""``conveyor status``: every queue's depth and traffic, then every stream and consumer, at
+a glance."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import click
 
 from conveyor import types
-from conveyor.cli import context, output
+from conveyor.cli import context, output, streams
 from conveyor.cli.output import Column
 from conveyor.core import queues
+from conveyor.core import streams as stream_ops
 
 _COLUMNS = [
     Column("QUEUE", "queue_name"),
@@ -23,6 +26,25 @@ _COLUMNS = [
     Column("DLQ DEPTH", lambda r: r["dead_letter_length"] if r["dead_letter_queue"] else None, right=True),
 ]
 
+_STREAM_COLUMNS = [
+    Column("STREAM", "stream"),
+    Column("DEPTH", "depth"),
+    Column("CONSUMERS", "consumers"),
+    Column("EVENTS/S", "events_per_sec", lambda v: f"{v:.1f}", right=True),
+    Column("ROTATION AGE", "rotation_age", output.duration, right=True),
+    Column("DEAD LETTERS", "dead_letters"),
+    Column("LAST TICK", "last_tick_age", output.duration, right=True),
+    Column("PAUSED", "ticker_paused"),
+]
+
+_CONSUMER_COLUMNS = [
+    Column("STREAM", "stream"),
+    Column("CONSUMER", "consumer"),
+    Column("LAG", "lag", output.duration, right=True),
+    Column("PENDING", "pending_events"),
+    Column("OPEN BATCH", "batch_id", right=True),
+]
+
 
 def _rows(metrics: list[types.QueueMetrics], found: list[types.Queue]) -> list[dict[str, Any]]:
     fifo = {q.name: q.fifo for q in found}
@@ -33,16 +55,45 @@ def _rows(metrics: list[types.QueueMetrics], found: list[types.Queue]) -> list[d
             for m in metrics]
 
 
+def _stream_rows(stats: list[types.StreamStats], found: list[types.Stream]) -> list[dict[str, Any]]:
+    # the database's clock, not ours: a stream's switch time plus its rotation age is
+    # the time stream_stats() ran (a stream created in between falls back to ours)
+    switched = {s.name: s.switch_time for s in found}
+    rows = []
+    for st in stats:
+        now = switched[st.stream] + st.rotation_age if st.stream in switched else dt.datetime.now(dt.UTC)
+        age = max(now - st.last_tick_time, dt.timedelta(0)) if st.last_tick_time is not None else None
+        rows.append({**streams.data(st), "last_tick_age": streams.seconds(age) if age is not None else None})
+    return rows
+
+
+async def _gather(conn: Any) -> dict[str, list[dict[str, Any]]]:
+    queue_rows = _rows(await queues.metrics_all(conn), await queues.list_all(conn))
+    stream_rows = _stream_rows(await stream_ops.stats(conn), await stream_ops.list_all(conn))
+    consumer_rows = [streams.data(c) for c in await stream_ops.consumer_stats(conn)] if stream_rows else []
+    return {"queues": queue_rows, "streams": stream_rows, "consumers": consumer_rows}
+
+
+def _text(found: dict[str, list[dict[str, Any]]]) -> str:
+    parts = [output.table(found["queues"], _COLUMNS) if found["queues"] else "no queues"]
+    if found["streams"]:
+        parts.append(output.table(found["streams"], _STREAM_COLUMNS))
+    if found["consumers"]:
+        parts.append(output.table(found["consumers"], _CONSUMER_COLUMNS))
+    return "\n\n".join(parts)
+
+
 @click.command()
 @output.json_option
 @click.pass_obj
 def status(obj) -> None:  # noqa: ANN001
-    """Show every queue's depth and traffic, one line per queue.
+    """Show every queue's depth and traffic, then every stream and its consumers.
 
-    Columns: depth (visible now), in flight, delayed, age of the oldest message, total sent,
-    and the dead-letter queue with its depth."""
+    Queues: depth (visible now), in flight, delayed, age of the oldest message, total sent,
+    and the dead-letter queue with its depth. Streams (when there are any): depth, consumers,
+    events per second, rotation age, dead letters, time since the last tick, paused.
+    Consumers: lag (age of the last tick finished), pending events, open batch.
 
-    async def action(conn: Any) -> list[dict[str, Any]]:
-        return _rows(await queues.metrics_all(conn), await queues.list_all(conn))
-
-    output.emit_rows(context.run(obj.settings(), action), _COLUMNS, obj.as_json, empty="no queues")
+    JSON: {"queues": [...], "streams": [...], "consumers": [...]}, durations in seconds."""
+    found = context.run(obj.settings(), _gather)
+    output.emit(found, obj.as_json, lambda: _text(found))
