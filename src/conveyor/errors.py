@@ -7,7 +7,8 @@
     │   ├── MoveTaskNotFound       (CVT01)
     │   ├── StreamNotFound         (CVS01)
     │   ├── ConsumerNotFound       (CVS02)
-    │   └── BatchNotFound          (CVS03)
+    │   ├── BatchNotFound          (CVS03)
+    │   └── DeadLetterNotFound     (CVS04)
     ├── Conflict                 409 — the request contradicts what is stored
     │   ├── QueueAlreadyExists     (CVQ02)
     │   └── MessageNotInFlight     (CVM02)
@@ -79,6 +80,10 @@ class ConsumerNotFound(NotFound, sqlstate="CVS02"):
 
 
 class BatchNotFound(NotFound, sqlstate="CVS03"):
+    pass
+
+
+class DeadLetterNotFound(NotFound, sqlstate="CVS04"):
     pass
 
 

@@ -261,7 +261,7 @@ def test_dead_letters_nack_past_max_retries_replay_and_purge(http, stream_name):
     assert r.status_code == 200, r.text
     new_id = r.json()["event_id"]
     assert new_id > eid and http.get(f"{s}/dead-letters").json() == []
-    error(http.post(f"{s}/dead-letters/{dead['id']}/replay"), 404, "NotFound")
+    error(http.post(f"{s}/dead-letters/{dead['id']}/replay"), 404, "DeadLetterNotFound")
     batch = receive(http, s, "c")
     assert [(e["id"], e["payload"], e["type"], e["extra3"], e["retry_count"]) for e in batch["events"]] == [
         (new_id, '{"n":1}', "job", "e3", None)]
@@ -296,7 +296,7 @@ def test_a_dead_letter_of_another_stream_is_not_found(http, s, stream_name):
     error(http.post(f"{s}/batches/{batch['batch_id']}/dead-letter", json={"event_id": eid}), 404, "BatchNotFound")
     http.post(f"/v1/streams/{other}/batches/{batch['batch_id']}/dead-letter", json={"event_id": eid})
     [dead] = http.get(f"/v1/streams/{other}/dead-letters").json()
-    error(http.post(f"{s}/dead-letters/{dead['id']}/replay"), 404, "NotFound")
+    error(http.post(f"{s}/dead-letters/{dead['id']}/replay"), 404, "DeadLetterNotFound")
     assert len(http.get(f"/v1/streams/{other}/dead-letters").json()) == 1
 
 
@@ -376,7 +376,7 @@ def test_unknown_stream_consumer_batch_are_404(http, s):
     assert http.get(f"{s}/consumers").json() == []
     for action, body in [("ack", None), ("nack", {"event_id": 1}), ("dead-letter", {"event_id": 1})]:
         error(http.post(f"{s}/batches/123456789/{action}", json=body), 404, "BatchNotFound")
-    error(http.post(f"{s}/dead-letters/123456789/replay"), 404, "NotFound")
+    error(http.post(f"{s}/dead-letters/123456789/replay"), 404, "DeadLetterNotFound")
 
 
 @pytest.mark.parametrize(("method", "path", "body", "field"), [

@@ -109,8 +109,15 @@ async def dead_letters(conn: Connection, name: str, max_rows: int = 100) -> list
                               row=types.StreamDeadLetter)
 
 
-async def replay_dead_letter(conn: Connection, dead_letter_id: int) -> int:
-    return int(await db.fetch_value(conn, "stream_dead_letter_replay", {"id": dead_letter_id}))
+async def replay_dead_letter(conn: Connection, dead_letter_id: int, stream: str | None = None) -> int:
+    """Put a dead letter back into its stream (which must be ``stream`` when given);
+    DeadLetterNotFound if there is no such dead letter."""
+    return int(await db.fetch_value(conn, "stream_dead_letter_replay", {"id": dead_letter_id, "name": stream}))
+
+
+async def stream_of_batch(conn: Connection, batch_id: int) -> str | None:
+    """The stream an open batch belongs to, None if no consumer holds it."""
+    return await db.fetch_value(conn, "stream_of_batch", {"batch_id": batch_id})
 
 
 async def replay_dead_letters(conn: Connection, name: str) -> int:

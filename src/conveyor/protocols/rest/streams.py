@@ -26,8 +26,6 @@ from conveyor.protocols.rest.context import broker
 _INTERVAL_OPTIONS = ("rotation_period", "ticker_max_lag", "ticker_idle_period", "event_ttl")
 _STREAM_NAME = re.compile(models.STREAM_NAME_PATTERN)
 _CONSUMER_NAME = re.compile(models.CONSUMER_NAME_PATTERN)
-# replaying one dead letter checks it is this stream's among the stream's oldest ones
-_DEAD_LETTER_LOOKUP = 10000
 
 
 # -- rendering -------------------------------------------------------------------------
@@ -253,11 +251,8 @@ async def _open_batch(conn: Any, name: str, batch_id: int) -> None:
     """Raise unless ``batch_id`` is an open batch of stream ``name`` (batch ids are
     unique across streams: one checked here can only be finished meanwhile, which the
     operation itself then reports)."""
-    for c in await streams.consumer_stats(conn):
-        if c.batch_id == batch_id:
-            if c.stream == name:
-                return
-            break
+    if await streams.stream_of_batch(conn, batch_id) == name:
+        return
     await streams.get(conn, name)  # raises StreamNotFound for an unknown stream
     raise errors.BatchNotFound(f"batch {batch_id} of stream {name!r} does not exist or is finished")
 
@@ -301,16 +296,9 @@ async def list_dead_letters(request: Request) -> Response:
 
 async def replay_dead_letter(request: Request) -> Response:
     name, dead_letter_id = _stream_name(request), _path_id(request, "id", "dead letter id")
-    missing = errors.NotFound(f"dead letter {dead_letter_id} does not exist in stream {name!r}")
     async with broker(request).connection() as conn:
-        if not any(d.id == dead_letter_id for d in await streams.dead_letters(conn, name, _DEAD_LETTER_LOOKUP)):
-            raise missing
-        try:
-            event_id = await streams.replay_dead_letter(conn, dead_letter_id)
-        except errors.InvalidInput as exc:
-            if type(exc) is errors.InvalidInput:  # replayed or purged meanwhile
-                raise missing from None
-            raise
+        await streams.get(conn, name)  # StreamNotFound before DeadLetterNotFound
+        event_id = await streams.replay_dead_letter(conn, dead_letter_id, name)
     return render.json({"event_id": event_id})
 
 

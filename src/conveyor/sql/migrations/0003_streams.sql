@@ -676,6 +676,13 @@ BEGIN
     END LOOP;
 END $$;
 
+-- The stream an open batch belongs to, or NULL when no consumer holds that batch.
+CREATE FUNCTION conveyor.stream_of_batch(batch_id bigint) RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+    SELECT s.name FROM conveyor.stream_consumers c JOIN conveyor.streams s ON s.id = c.stream_id
+     WHERE c.batch_id = stream_of_batch.batch_id
+$$;
+
 -- Finishes a batch: the consumer's position moves to the batch's second tick.
 CREATE FUNCTION conveyor.stream_finish_batch(batch_id bigint) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
@@ -823,21 +830,24 @@ END $$;
 
 -- Sends a dead letter back into its stream as a new event (every consumer sees it
 -- again); returns the new event id.
-CREATE FUNCTION conveyor.stream_dead_letter_replay(dead_letter_id bigint) RETURNS bigint
+CREATE FUNCTION conveyor.stream_dead_letter_replay(dead_letter_id bigint, stream_name text DEFAULT NULL)
+RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
 DECLARE
     d conveyor.stream_dead_letters;
-    new_id bigint;
+    s conveyor.streams;
 BEGIN
-    DELETE FROM conveyor.stream_dead_letters x WHERE x.id = dead_letter_id RETURNING * INTO d;
+    DELETE FROM conveyor.stream_dead_letters x
+     WHERE x.id = dead_letter_id
+       AND (stream_name IS NULL OR x.stream_id = (SELECT id FROM conveyor.streams WHERE name = stream_name))
+    RETURNING * INTO d;
     IF NOT FOUND THEN
-        PERFORM conveyor._raise('CVV01', format('dead letter %s does not exist', dead_letter_id));
+        PERFORM conveyor._raise('CVS04', format('dead letter %s does not exist%s', dead_letter_id,
+                                                coalesce(' in stream ' || quote_literal(stream_name), '')));
     END IF;
-    SELECT conveyor._stream_insert(s.name, jsonb_build_array(jsonb_build_object(
-               'type', d.ev_type, 'payload', d.ev_data, 'extra1', d.ev_extra1, 'extra2', d.ev_extra2,
-               'extra3', d.ev_extra3, 'extra4', d.ev_extra4)))
-      INTO new_id FROM conveyor.streams s WHERE s.id = d.stream_id;
-    RETURN new_id;
+    SELECT * INTO s FROM conveyor.streams x WHERE x.id = d.stream_id;
+    RETURN conveyor._stream_insert_one(s.name, d.ev_type, d.ev_data, d.ev_extra1, d.ev_extra2, d.ev_extra3,
+                                       d.ev_extra4);
 END $$;
 
 CREATE FUNCTION conveyor.stream_dead_letter_replay_all(stream_name text) RETURNS integer
@@ -1303,12 +1313,13 @@ BEGIN
         conveyor.stream_finish_batch(bigint), conveyor.stream_event_retry(bigint, bigint, integer),
         conveyor.stream_batch_retry(bigint, integer), conveyor.stream_receive(text, text, integer),
         conveyor.stream_ack(bigint), conveyor.stream_nack(bigint, bigint, interval, text),
+        conveyor.stream_of_batch(bigint),
         conveyor.stream_dead_letter(bigint, bigint, text)
         TO conveyor_writer;
     GRANT EXECUTE ON FUNCTION
         conveyor.stream_create(text, jsonb), conveyor.stream_drop(text), conveyor.stream_set_config(text, jsonb),
         conveyor.stream_pause(text), conveyor.stream_resume(text), conveyor.stream_force_tick(text),
-        conveyor.stream_dead_letter_replay(bigint), conveyor.stream_dead_letter_replay_all(text),
+        conveyor.stream_dead_letter_replay(bigint, text), conveyor.stream_dead_letter_replay_all(text),
         conveyor.stream_dead_letter_purge(text, interval), conveyor.ticker(), conveyor.maint(),
         conveyor.maint_tables_to_vacuum(), conveyor.start(), conveyor.stop(), conveyor.uninstall()
         TO conveyor_admin;

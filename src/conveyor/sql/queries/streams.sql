@@ -57,7 +57,10 @@ SELECT conveyor.stream_batch_retry(%(batch_id)s::bigint, %(retry_seconds)s::inte
 SELECT * FROM conveyor.stream_dead_letters(%(name)s::text, %(max)s::integer)
 
 -- name: stream_dead_letter_replay
-SELECT conveyor.stream_dead_letter_replay(%(id)s::bigint)
+SELECT conveyor.stream_dead_letter_replay(%(id)s::bigint, %(name)s::text)
+
+-- name: stream_of_batch
+SELECT conveyor.stream_of_batch(%(batch_id)s::bigint)
 
 -- name: stream_dead_letter_replay_all
 SELECT conveyor.stream_dead_letter_replay_all(%(name)s::text)
