@@ -146,6 +146,7 @@ class Stream:
     switch_time: datetime
     created_at: datetime
     consumers: int
+    channel: str  # LISTEN here for this stream's ticks (payload: the tick id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,6 +225,7 @@ class Stream(BaseModel):
     switch_time: datetime
     created_at: datetime
     consumers: int = Field(description="how many consumers are subscribed")
+    channel: str = Field(description="PostgreSQL LISTEN channel announcing this stream's ticks")
 
 
 class StreamStats(BaseModel):

@@ -40,7 +40,7 @@ def _stream(s: types.Stream) -> dict[str, Any]:
         "ticker_max_lag": _seconds(s.ticker_max_lag), "ticker_idle_period": _seconds(s.ticker_idle_period),
         "ticker_paused": s.ticker_paused, "max_retries": s.max_retries, "event_ttl": _seconds(s.event_ttl),
         "cur_table": s.cur_table, "switch_time": s.switch_time, "created_at": s.created_at,
-        "consumers": s.consumers,
+        "consumers": s.consumers, "channel": s.channel,
     }
 
 

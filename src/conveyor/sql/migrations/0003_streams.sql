@@ -154,7 +154,8 @@ CREATE TYPE conveyor.stream_event AS (
 CREATE VIEW conveyor.stream_info AS
 SELECT s.name, s.rotation_period, s.ticker_max_count, s.ticker_max_lag, s.ticker_idle_period,
        s.ticker_paused, s.max_retries, s.event_ttl, s.cur_table, s.switch_time, s.created_at,
-       (SELECT count(*) FROM conveyor.stream_consumers c WHERE c.stream_id = s.id) AS consumers
+       (SELECT count(*) FROM conveyor.stream_consumers c WHERE c.stream_id = s.id) AS consumers,
+       'conveyor_stream_' || s.id AS channel
   FROM conveyor.streams s;
 
 ------------------------------------------------------------------------------------------
@@ -309,33 +310,43 @@ BEGIN
     END IF;
 END $$;
 
--- The events of a batch: committed after the first tick's snapshot and by the second's
--- (either a transaction id from xmax1 on and visible in snap2, or one that was still in
--- progress at snap1 and is visible in snap2), for everyone or for this consumer only.
+-- The query for the events of a batch: committed after the first tick's snapshot and by
+-- the second's (either a transaction id from xmax1 on and visible in snap2, or one that
+-- was still in progress at snap1 and is visible in snap2), for everyone or for this
+-- consumer only, and not older than the stream's event_ttl. Values are inlined as
+-- literals so that the same text serves RETURN QUERY and a named cursor.
+CREATE FUNCTION conveyor._batch_query(batch_id bigint, only_event bigint DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    b record := conveyor._batch(batch_id);
+    tbl text;
+    sql text := '';
+BEGIN
+    FOREACH tbl IN ARRAY b.tables LOOP
+        sql := sql || CASE WHEN sql = '' THEN '' ELSE ' UNION ALL ' END || format(
+            'SELECT ev_id, %s::bigint, ev_type, ev_data, ev_retry, ev_time, ev_extra1, ev_extra2, ev_extra3, ev_extra4
+               FROM %s
+              WHERE ((ev_txid >= pg_snapshot_xmax(%L::pg_snapshot) AND ev_txid < pg_snapshot_xmax(%L::pg_snapshot))
+                     OR ev_txid = ANY (%L::xid8[]))
+                AND pg_visible_in_snapshot(ev_txid, %L::pg_snapshot)
+                AND NOT pg_visible_in_snapshot(ev_txid, %L::pg_snapshot)
+                AND (ev_owner IS NULL OR ev_owner = %s)',
+            batch_id, tbl, b.snap1, b.snap2, ARRAY(SELECT pg_snapshot_xip(b.snap1)), b.snap2, b.snap1, (b.c).id);
+        IF only_event IS NOT NULL THEN
+            sql := sql || format(' AND ev_id = %s', only_event);
+        END IF;
+        IF (b.s).event_ttl IS NOT NULL THEN
+            sql := sql || format(' AND ev_time >= %L::timestamptz', now() - (b.s).event_ttl);
+        END IF;
+    END LOOP;
+    RETURN sql || ' ORDER BY 1';
+END $$;
+
 CREATE FUNCTION conveyor._batch_events(batch_id bigint, only_event bigint DEFAULT NULL)
 RETURNS SETOF conveyor.stream_event
 LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    b record;
-    tbl text;
-    query text := '';
 BEGIN
-    b := conveyor._batch(batch_id);
-    FOREACH tbl IN ARRAY b.tables LOOP
-        query := query || CASE WHEN query = '' THEN '' ELSE ' UNION ALL ' END || format(
-            'SELECT ev_id, $5, ev_type, ev_data, ev_retry, ev_time, ev_extra1, ev_extra2, ev_extra3, ev_extra4
-               FROM %s
-              WHERE ((ev_txid >= pg_snapshot_xmax($1) AND ev_txid < pg_snapshot_xmax($2))
-                     OR ev_txid = ANY ($3))
-                AND pg_visible_in_snapshot(ev_txid, $2)
-                AND NOT pg_visible_in_snapshot(ev_txid, $1)
-                AND (ev_owner IS NULL OR ev_owner = $4)
-                AND ($6::bigint IS NULL OR ev_id = $6)
-                AND ($7::timestamptz IS NULL OR ev_time >= $7)', tbl);
-    END LOOP;
-    RETURN QUERY EXECUTE query || ' ORDER BY 1'
-    USING b.snap1, b.snap2, ARRAY(SELECT pg_snapshot_xip(b.snap1)), (b.c).id, batch_id, only_event,
-          now() - (b.s).event_ttl;
+    RETURN QUERY EXECUTE conveyor._batch_query(batch_id, only_event);
 END $$;
 
 ------------------------------------------------------------------------------------------
@@ -512,8 +523,9 @@ END $$;
 
 -- Ticks every stream that needs it: when ticker_max_count events arrived, when events
 -- arrived and ticker_max_lag passed, or when ticker_idle_period passed anyway. Each tick
--- is announced on the channel conveyor_stream (payload: the stream's name). Returns how
--- many ticks were made.
+-- is announced on the channel conveyor_stream (payload: the stream's name; servers and
+-- clients listen there) and on the stream's own channel conveyor_stream_<id> (payload:
+-- the tick id; stream_info.channel names it). Returns how many ticks were made.
 CREATE FUNCTION conveyor.ticker() RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
 DECLARE
@@ -543,6 +555,7 @@ DECLARE
     last conveyor.stream_ticks;
     seq bigint := coalesce(pg_sequence_last_value(s.event_seq), 0);
     pending bigint;
+    tick bigint;
 BEGIN
     SELECT * INTO last FROM conveyor.stream_ticks t WHERE t.stream_id = s.id ORDER BY t.tick_id DESC LIMIT 1;
     pending := seq - coalesce(last.tick_event_seq, 0);
@@ -552,8 +565,9 @@ BEGIN
                 OR now() - last.tick_time >= s.ticker_idle_period) THEN
         RETURN false;
     END IF;
-    INSERT INTO conveyor.stream_ticks (stream_id, tick_event_seq) VALUES (s.id, seq);
+    INSERT INTO conveyor.stream_ticks (stream_id, tick_event_seq) VALUES (s.id, seq) RETURNING tick_id INTO tick;
     PERFORM pg_notify('conveyor_stream', s.name);
+    PERFORM pg_notify('conveyor_stream_' || s.id, tick::text);
     RETURN true;
 END $$;
 
@@ -645,9 +659,6 @@ CREATE FUNCTION conveyor.stream_get_batch_cursor(batch_id bigint, cursor_name te
 RETURNS SETOF conveyor.stream_event
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
 DECLARE
-    b record;
-    tbl text;
-    query text := '';
     cur refcursor := cursor_name;
     ev conveyor.stream_event;
     n integer := 0;
@@ -655,19 +666,7 @@ BEGIN
     IF cursor_name IS NULL OR cursor_name !~ '^[a-z_][a-z0-9_]{0,62}$' THEN
         PERFORM conveyor._raise('CVV01', 'cursor_name must be a lower-case identifier');
     END IF;
-    b := conveyor._batch(batch_id);
-    FOREACH tbl IN ARRAY b.tables LOOP
-        query := query || CASE WHEN query = '' THEN '' ELSE ' UNION ALL ' END || format(
-            'SELECT ev_id, %s::bigint, ev_type, ev_data, ev_retry, ev_time, ev_extra1, ev_extra2, ev_extra3, ev_extra4
-               FROM %s
-              WHERE ((ev_txid >= pg_snapshot_xmax(%L::pg_snapshot) AND ev_txid < pg_snapshot_xmax(%L::pg_snapshot))
-                     OR ev_txid = ANY (%L::xid8[]))
-                AND pg_visible_in_snapshot(ev_txid, %L::pg_snapshot)
-                AND NOT pg_visible_in_snapshot(ev_txid, %L::pg_snapshot)
-                AND (ev_owner IS NULL OR ev_owner = %s)',
-            batch_id, tbl, b.snap1, b.snap2, ARRAY(SELECT pg_snapshot_xip(b.snap1)), b.snap2, b.snap1, (b.c).id);
-    END LOOP;
-    OPEN cur FOR EXECUTE query || ' ORDER BY 1';
+    OPEN cur FOR EXECUTE conveyor._batch_query(batch_id);
     WHILE n < quick_limit LOOP
         FETCH cur INTO ev;
         EXIT WHEN NOT FOUND;
