@@ -16,7 +16,7 @@
 -- current, which makes "wrote to the previous table" imply "transaction id below step 2".
 --
 -- New SQLSTATEs: CVS01 stream does not exist, CVS02 consumer not subscribed,
--- CVS03 batch does not exist (or is not open).
+-- CVS03 batch does not exist (or is not open), CVS04 dead letter does not exist.
 
 CREATE TABLE conveyor.streams (
     id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
