@@ -219,6 +219,10 @@ BEGIN
                                                     left(options ->> key, 100)));
         END;
     END LOOP;
+    IF s.rotation_period IS NULL OR s.ticker_max_count IS NULL OR s.ticker_max_lag IS NULL
+       OR s.ticker_idle_period IS NULL OR s.max_retries IS NULL OR s.ticker_paused IS NULL THEN
+        PERFORM conveyor._raise('CVV01', 'only event_ttl may be null; every other stream option needs a value');
+    END IF;
     IF s.rotation_period < interval '1 second' OR s.ticker_max_count NOT BETWEEN 1 AND 1000000
        OR s.max_retries NOT BETWEEN 0 AND 1000 OR s.ticker_max_lag < interval '0'
        OR s.ticker_idle_period < interval '0' OR s.event_ttl <= interval '0' THEN
@@ -1137,7 +1141,11 @@ BEGIN
         SELECT t.tick_time,
                t.tick_event_seq - lag(t.tick_event_seq) OVER (ORDER BY t.tick_id) AS n
           FROM conveyor.stream_ticks t
-         WHERE t.stream_id = s.id AND t.tick_time >= now() - period - bucket
+         WHERE t.stream_id = s.id
+           -- from the last tick before the period, however long ago: the first tick
+           -- inside it counts the events since that one
+           AND t.tick_id >= coalesce((SELECT max(p.tick_id) FROM conveyor.stream_ticks p
+                                       WHERE p.stream_id = s.id AND p.tick_time < now() - period), 0)
     )
     SELECT to_timestamp(floor(extract(epoch FROM d.tick_time) / width) * width) AS b,
            sum(greatest(d.n, 0))::bigint, round(sum(greatest(d.n, 0))::numeric / width::numeric, 3)
