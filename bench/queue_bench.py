@@ -80,12 +80,12 @@ async def fresh_database(name: str) -> str:
 
 
 class Server:
-    def __init__(self, dsn: str, fusion: bool) -> None:
+    def __init__(self, dsn: str, fusion: bool, **env_overrides: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "DATABASE_URL": dsn, "CONVEYOR_PORT": str(self.port), "CONVEYOR_AUTH": "none",
                "CONVEYOR_FUSION": "true" if fusion else "false", "CONVEYOR_LOG_LEVEL": "warning",
-               "CONVEYOR_POOL_MAX": "16"}
+               "CONVEYOR_POOL_MAX": "16", **env_overrides}
         self.proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve"], env=env)
 
     async def wait_ready(self) -> None:
