@@ -8,10 +8,16 @@
     │   ├── StreamNotFound         (CVS01)
     │   ├── ConsumerNotFound       (CVS02)
     │   ├── BatchNotFound          (CVS03)
-    │   └── DeadLetterNotFound     (CVS04)
+    │   ├── DeadLetterNotFound     (CVS04)
+    │   ├── ScheduleNotFound       (CVC01)
+    │   ├── TopicNotFound          (CVN01)
+    │   ├── SubscriptionNotFound   (CVN02)
+    │   └── DeliveryNotFound       (CVN03)
     ├── Conflict                 409 — the request contradicts what is stored
     │   ├── QueueAlreadyExists     (CVQ02)
-    │   └── MessageNotInFlight     (CVM02)
+    │   ├── ScheduleAlreadyExists  (CVC02)
+    │   ├── MessageNotInFlight     (CVM02)
+    │   └── StagedRowsMissing      (CVP01) — a Spark write's staged rows were lost; nothing published
     ├── InvalidInput             400 — the request is malformed or out of range (CVV01)
     │   ├── DataException          (SQLSTATE class 22: bad encodings, numbers out of range)
     │   └── MessageTooLarge      413 (CVM01)
@@ -87,6 +93,22 @@ class DeadLetterNotFound(NotFound, sqlstate="CVS04"):
     pass
 
 
+class ScheduleNotFound(NotFound, sqlstate="CVC01"):
+    pass
+
+
+class TopicNotFound(NotFound, sqlstate="CVN01"):
+    pass
+
+
+class SubscriptionNotFound(NotFound, sqlstate="CVN02"):
+    pass
+
+
+class DeliveryNotFound(NotFound, sqlstate="CVN03"):
+    pass
+
+
 class Conflict(ConveyorError):
     pass
 
@@ -95,8 +117,17 @@ class QueueAlreadyExists(Conflict, sqlstate="CVQ02"):
     pass
 
 
+class ScheduleAlreadyExists(Conflict, sqlstate="CVC02"):
+    pass
+
+
 class MessageNotInFlight(Conflict, sqlstate="CVM02"):
     pass
+
+
+class StagedRowsMissing(Conflict, sqlstate="CVP01"):
+    """The rows a Spark task staged are gone (e.g. PostgreSQL crashed: the stage is
+    unlogged); the job fails rather than publish part of its output."""
 
 
 class InvalidInput(ConveyorError, sqlstate="CVV01"):

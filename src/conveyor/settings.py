@@ -3,6 +3,7 @@ by CLI flags. One frozen object, built once and passed down."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -45,6 +46,24 @@ def parse_tokens(spec: str) -> dict[str, str]:
     return tokens
 
 
+_ALLOW_HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\.?$")
+
+
+def parse_allowlist(spec: str) -> tuple[str, ...]:
+    """``"public,10.0.0.0/8,hooks.example.com,*.corp.example"`` -> entries, each checked
+    (``public``, ``none``, an IP address or CIDR range, a host name or ``*.domain``)."""
+    entries = tuple(e.strip().lower() for e in spec.split(",") if e.strip())
+    for entry in entries:
+        if entry in ("public", "none") or _ALLOW_HOST.match(entry):
+            continue
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"webhook allowlist entries are public, none, an IP address, a CIDR range, "
+                             f"a host name or *.domain; got {entry!r}") from None
+    return entries
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None
@@ -75,6 +94,15 @@ class Settings:
     account_id: str = "000000000000"
     base_url: str | None = None
     aws_credentials: Mapping[str, str] = field(default_factory=dict)
+    # webhook deliveries (SNS HTTP/HTTPS subscriptions)
+    webhook_allow: tuple[str, ...] = ("public",)
+    webhook_timeout: float = 5.0
+    webhook_batch: int = 50
+    webhook_poll: float = 1.0
+    # the scheduler (server/scheduler.py): poll period and rows claimed per pass
+    schedule_enabled: bool = True
+    schedule_poll_seconds: float = 1.0
+    schedule_batch_size: int = 32
 
     def __post_init__(self) -> None:
         if self.auth_mode not in AUTH_MODES:
@@ -89,6 +117,10 @@ class Settings:
             raise ValueError(f"region must look like us-east-1, got {self.region!r}")
         if not re.fullmatch(r"\d{12}", self.account_id):
             raise ValueError(f"account id must be 12 digits, got {self.account_id!r}")
+        if self.webhook_timeout <= 0 or self.webhook_poll <= 0 or self.webhook_batch < 1:
+            raise ValueError("webhook timeout and poll must be > 0 seconds and the batch at least 1")
+        if self.schedule_poll_seconds <= 0 or not 1 <= self.schedule_batch_size <= 10000:
+            raise ValueError("schedule poll must be > 0 seconds and the batch size from 1 to 10000")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -132,4 +164,11 @@ _ENV: dict[str, tuple[str, Any]] = {
     "account_id": ("CONVEYOR_ACCOUNT_ID", str),
     "base_url": ("CONVEYOR_BASE_URL", lambda v: v.rstrip("/")),
     "aws_credentials": ("CONVEYOR_AWS_CREDENTIALS", parse_credentials),
+    "webhook_allow": ("CONVEYOR_WEBHOOK_ALLOW", parse_allowlist),
+    "webhook_timeout": ("CONVEYOR_WEBHOOK_TIMEOUT", float),
+    "webhook_batch": ("CONVEYOR_WEBHOOK_BATCH", int),
+    "webhook_poll": ("CONVEYOR_WEBHOOK_POLL", float),
+    "schedule_enabled": ("CONVEYOR_SCHEDULE_ENABLED", _bool),
+    "schedule_poll_seconds": ("CONVEYOR_SCHEDULE_POLL_SECONDS", float),
+    "schedule_batch_size": ("CONVEYOR_SCHEDULE_BATCH_SIZE", int),
 }

@@ -239,9 +239,280 @@ class ReceiveParams:
     wait: float | None = None
 
 
+# -- schedules (docs/schedules.md) ------------------------------------------------------------
+
+SCHEDULE_TARGET_KINDS = ("queue", "topic")
+SCHEDULE_STATUSES = ("active", "paused")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleExpression:
+    """A schedule expression in canonical form: a 5-field cron read in an IANA time zone
+    (kind 'cron'), or one UTC instant (kind 'once'). ``source`` is what was written, e.g.
+    ``{"every": "5m"}`` or ``{"when": "every monday at 8am", "timezone": "Europe/Paris"}``."""
+
+    kind: str
+    cron: str | None = None
+    timezone: str = "UTC"
+    fire_at: datetime | None = None
+    source: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """A schedule's whole configuration (create, upsert). ``body`` is stored text; with
+    ``content_type`` application/json it is JSON text."""
+
+    expression: ScheduleExpression
+    target: str
+    target_kind: str = "queue"
+    body: str = "{}"
+    content_type: str | None = JSON_CONTENT_TYPE
+    headers: dict[str, Any] | None = None
+    group_id: str | None = None
+    status: str | None = "active"  # None (upsert): active if new, else unchanged
+    catchup: bool = False
+    catchup_limit: int = 10
+    failure_threshold: int = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleChanges:
+    """A partial update: None leaves a field as it is (``headers={}`` clears the headers,
+    ``content_type=""`` the content type)."""
+
+    expression: ScheduleExpression | None = None
+    target: str | None = None
+    target_kind: str | None = None
+    body: str | None = None
+    content_type: str | None = None
+    headers: dict[str, Any] | None = None
+    group_id: str | None = None
+    status: str | None = None
+    catchup: bool | None = None
+    catchup_limit: int | None = None
+    failure_threshold: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A stored schedule (a row of ``conveyor.schedules``). ``next_fire_at`` None: the
+    scheduler computes it on its next pass (a cron schedule created from SQL alone)."""
+
+    name: str
+    expression: dict[str, Any]
+    cron: str | None
+    timezone: str
+    fire_at: datetime | None
+    target_kind: str
+    target: str
+    body: str
+    content_type: str | None
+    headers: dict[str, Any] | None
+    group_id: str | None
+    status: str
+    catchup: bool
+    catchup_limit: int
+    failure_threshold: int
+    consecutive_failures: int
+    last_error: str | None
+    last_error_at: datetime | None
+    last_fired_at: datetime | None
+    fire_count: int
+    next_fire_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def canonical(self) -> ScheduleExpression:
+        kind = "once" if self.fire_at is not None else "cron"
+        return ScheduleExpression(kind=kind, cron=self.cron, timezone=self.timezone, fire_at=self.fire_at,
+                                  source={k: str(v) for k, v in (self.expression or {}).items()})
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleFiring:
+    """What one scheduler pass did with one due schedule: the intended times it fired
+    for (oldest first), where it goes next (None: a one-shot, deleted), or the error that
+    made this pass fail it (and whether that paused it)."""
+
+    name: str
+    fired: tuple[datetime, ...]
+    next_fire_at: datetime | None
+    error: str | None = None
+    paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRun:
+    """A manual, out-of-band run: the message's id(s) and the queues it landed in (the
+    target queue, or every queue subscribed to the target topic)."""
+
+    schedule: str
+    scheduled_for: datetime
+    target_kind: str
+    target: str
+    message_id: str
+    ids: tuple[int, ...] = ()
+    queues: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class MaintenanceReport:
     removed: dict[str, int] = field(default_factory=dict)
+
+
+# -- topics (docs/topics.md) ---------------------------------------------------------------
+
+SUBSCRIPTION_PROTOCOLS = ("sqs", "http", "https")
+FILTER_POLICY_SCOPES = ("MessageAttributes", "MessageBody")
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    """A topic object (``conveyor.topic_info``). Its name is also the routing key an SNS
+    Publish uses and the pattern an SNS Subscribe binds."""
+
+    name: str
+    fifo: bool
+    attributes: dict[str, Any]
+    tags: dict[str, str]
+    created_at: datetime
+    subscriptions: int = 0  # subscriptions whose pattern is exactly this name
+
+
+@dataclass(frozen=True, slots=True)
+class NewSubscription:
+    """What a subscribe asks for. ``queue`` for protocol 'sqs', ``endpoint`` for
+    'http'/'https'. ``filter_policy`` (a dict, or its JSON text) is validated by
+    ``core.topics.subscribe`` against ``filter_policy_scope``."""
+
+    pattern: str
+    protocol: str = "sqs"
+    queue: str | None = None
+    endpoint: str | None = None
+    raw_delivery: bool = False
+    filter_policy: dict[str, Any] | str | None = None
+    filter_policy_scope: str = "MessageAttributes"
+    attributes: dict[str, Any] | None = None  # other SNS attributes, kept as given
+    confirmed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A binding of a routing-key pattern to a queue or an HTTP(S) endpoint
+    (``conveyor.subscription_info``)."""
+
+    id: int
+    uuid: UUID
+    pattern: str
+    protocol: str
+    queue: str | None
+    endpoint: str | None
+    raw_delivery: bool
+    filter_policy: dict[str, Any] | None
+    filter_policy_scope: str
+    attributes: dict[str, Any]
+    confirmed: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """A message to publish to a routing key. ``attributes`` are SNS-typed:
+    ``{"name": {"DataType": "String"|"Number"|"Binary"|"String.Array"|..., "StringValue": ...}}``
+    (``BinaryValue`` as base64 text). ``message_id`` None: a new UUID is generated.
+    ``bodies`` optionally overrides the body per subscription protocol ('sqs', 'http',
+    'https'), as SNS's MessageStructure=json does."""
+
+    body: str
+    subject: str | None = None
+    attributes: dict[str, dict[str, Any]] | None = None
+    group_id: str | None = None
+    dedup_id: str | None = None
+    delay: int | None = None
+    message_id: UUID | None = None
+    bodies: dict[str, str] | None = None
+    content_type: str | None = None  # of the raw body, for raw deliveries into queues
+
+
+@dataclass(frozen=True, slots=True)
+class TopicUrls:
+    """Where ARNs and URLs in SNS envelopes point. A routing key with a region prefix
+    (``eu-west-1:orders``) gets that region in its ARN."""
+
+    region: str = "us-east-1"
+    account_id: str = "000000000000"
+    base_url: str = "http://127.0.0.1:9324"
+
+    def topic_arn(self, routing_key: str) -> str:
+        region, sep, name = routing_key.rpartition(":")
+        return f"arn:aws:sns:{region if sep else self.region}:{self.account_id}:{name}"
+
+    def subscription_arn(self, pattern: str, subscription_uuid: UUID | str) -> str:
+        return f"{self.topic_arn(pattern)}:{subscription_uuid}"
+
+    @property
+    def signing_cert_url(self) -> str:
+        return f"{self.base_url}/SimpleNotificationService.pem"
+
+    @property
+    def unsubscribe_url_prefix(self) -> str:
+        """Followed by the URL-encoded subscription ARN."""
+        return f"{self.base_url}/?Action=Unsubscribe&SubscriptionArn="
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a publish delivered: the message id, the queues it landed in (a FIFO queue
+    that dropped it as a duplicate still counts), and how many webhook deliveries were
+    queued."""
+
+    message_id: UUID
+    timestamp: str
+    queues: tuple[str, ...]
+    endpoints: int
+    sequence_number: str | None = None
+
+    @property
+    def queues_matched(self) -> int:
+        return len(self.queues)
+
+
+DELIVERY_STATES = ("pending", "held", "exhausted")
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A webhook outbox row (``conveyor.http_deliveries``). ``subscription_arn`` and the
+    SNS headers are in ``headers``; ``payload`` is the exact body to POST."""
+
+    id: int
+    subscription_id: int
+    endpoint: str
+    payload: str
+    headers: dict[str, str]
+    message_id: UUID
+    attempt: int
+    max_attempts: int
+    next_attempt_at: datetime
+    last_error: str | None
+    held_reason: str | None
+    created_at: datetime
+    state: str = "pending"  # pending | held | exhausted
+
+    @property
+    def exhausted(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryStats:
+    pending: int
+    due: int
+    held: int
+    exhausted: int
+    oldest_pending_age: timedelta | None
 
 
 def field_names(cls: type) -> tuple[str, ...]:

@@ -14,11 +14,14 @@ def test_parse_blocks():
         queries.parse("-- name: x\nSELECT 1\n-- name: x\nSELECT 2")
 
 
+ENTITIES = "queue|message|move_task|stream|topic|subscription|delivery|signing_key|schedule|pipeline"
+
+
 def test_every_shipped_query_is_named_entity_first_and_parameterised():
     found = queries.all_queries()
     assert "message_send" in found and "queue_create" in found
     for name, sql in found.items():
-        assert re.match(r"^(queue|message|move_task|stream)_[a-z_]+$", name), name
+        assert re.match(rf"^({ENTITIES})_[a-z_]+$", name), name
         assert "{" not in sql, "no string formatting placeholders in SQL"
 
 

@@ -40,7 +40,7 @@ def cli(ctx: click.Context, database_url: str | None, data_dir: str | None, as_j
 
 
 def _register() -> None:
-    from conveyor.cli import db, messages, queues, serve, status, streams
+    from conveyor.cli import db, messages, queues, schedules, serve, status, streams, topics
 
     cli.add_command(serve.serve)
     cli.add_command(db.db)
@@ -50,6 +50,8 @@ def _register() -> None:
     cli.add_command(messages.peek)
     cli.add_command(status.status)
     cli.add_command(streams.streams)
+    cli.add_command(topics.topics)
+    cli.add_command(schedules.schedules)
 
 
 def main() -> None:

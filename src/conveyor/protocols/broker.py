@@ -38,3 +38,12 @@ class Broker(Protocol):
 
     async def set_vt(self, queue: str, ids: Sequence[int], vt: int,
                      in_flight_only: bool = False) -> list[types.Message]: ...
+
+    def topic_urls(self, base_url: str | None = None) -> types.TopicUrls:
+        """ARN region/account and URLs for SNS envelopes; ``base_url`` (what the client
+        used) counts unless the server has a configured base URL."""
+
+    async def publish(self, routing_key: str, publication: types.Publication,
+                      urls: types.TopicUrls) -> types.Published:
+        """Fan a message out to the routing key's subscriptions (signed with the server's
+        SNS key); answers once committed."""

@@ -20,10 +20,11 @@ from conveyor import errors
 from conveyor.db import migrate
 from conveyor.db.pool import Database
 from conveyor.protocols.aws import gateway as aws_gateway
+from conveyor.protocols.aws import service as aws_service
 from conveyor.protocols.rest import render
-from conveyor.protocols.sqs import dispatch as sqs_dispatch
+from conveyor.protocols.sns import certificate as sns_certificate
 from conveyor.protocols.rest import routes as rest
-from conveyor.server import health, middleware, workers
+from conveyor.server import health, middleware, scheduler, webhooks, workers
 from conveyor.server.broker import ServerBroker
 from conveyor.server.metrics import Metrics
 from conveyor.settings import Settings
@@ -58,7 +59,11 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> S
         tasks = workers.start(database, metrics, maintenance_interval=settings.maintenance_interval,
                               depth_interval=settings.depth_scrape_interval,
                               stream_intervals=(settings.stream_tick_interval, settings.stream_maint_interval,
-                                                settings.stream_vacuum_interval))
+                                                settings.stream_vacuum_interval),
+                              webhook_config=webhooks.config_from(
+                                  settings.webhook_allow, timeout=settings.webhook_timeout,
+                                  batch=settings.webhook_batch, poll=settings.webhook_poll),
+                              scheduler_config=scheduler.config_from(settings, broker.topic_urls(), broker.signer))
         try:
             yield
         finally:
@@ -76,6 +81,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> S
             Route("/readyz", health.readyz, methods=["GET"]),
             Route("/metrics", health.metrics, methods=["GET"]),
             Mount("/v1", v1),
+            Route("/SimpleNotificationService.pem", sns_certificate.certificate, methods=["GET"]),
             Route("/", aws_gateway.endpoint, methods=["POST", "GET"]),
             Route("/{account_id}/{queue_name}", aws_gateway.endpoint, methods=["POST", "GET"]),
         ],
@@ -87,7 +93,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> S
         exception_handlers={Exception: _internal_error, HTTPException: rest.http_error},
         lifespan=lifespan,
     )
-    app.state.sqs = sqs_dispatch.Endpoint(
+    app.state.aws = aws_service.Endpoint(  # what the SQS and SNS endpoints know of the server
         broker=broker, region=settings.region, account_id=settings.account_id, base_url=settings.base_url,
         auth_mode=settings.auth_mode, credentials=dict(settings.aws_credentials))
     app.state.version = conveyor.__version__

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 
-from conveyor import types
-from conveyor.core import messages, queues, streams
+from conveyor import errors, types
+from conveyor.core import messages, queues, signing, streams, topics
 from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
 from conveyor.server.fusion import Fuser
@@ -18,6 +19,8 @@ from conveyor.server.metrics import Metrics
 from conveyor.server.waiters import WaiterHub, stream_key
 from conveyor.settings import Settings
 
+
+log = logging.getLogger(__name__)
 
 MAX_RECEIVE = 1000  # the SQL API's largest qty
 QUEUE_CACHE_SECONDS = 2.0
@@ -50,6 +53,8 @@ class ServerBroker:
         self._queue_cache: dict[str, tuple[types.Queue, float]] = {}
         self.waiters = WaiterHub(database.dsn, self._mark_listened, listen_seconds=settings.listen_seconds,
                                  poll_fallback=settings.poll_fallback_seconds)
+        self._signer: signing.Signer | None = None
+        self._signer_lock = asyncio.Lock()
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
@@ -174,6 +179,35 @@ class ServerBroker:
         async with self.database.connection() as conn:
             return await streams.receive(conn, stream, consumer, max_events)
 
+    # -- topics ----------------------------------------------------------------------
+
+    async def signer(self) -> signing.Signer | None:
+        """The stored SNS signing key, loaded (or created) once; None if this database
+        role may not read it (conveyor_admin can), in which case envelopes go unsigned."""
+        if self._signer is None:
+            async with self._signer_lock:
+                if self._signer is None:
+                    try:
+                        async with self.database.connection() as conn:
+                            self._signer = await signing.load_or_create(conn)
+                    except errors.PermissionDenied:
+                        log.warning("cannot read the SNS signing key (needs conveyor_admin): envelopes go unsigned")
+                        return None
+        return self._signer
+
+    def topic_urls(self, base_url: str | None = None) -> types.TopicUrls:
+        return topics.urls(self.settings, base_url)
+
+    async def publish(self, routing_key: str, publication: types.Publication,
+                      urls: types.TopicUrls) -> types.Published:
+        signer = await self.signer()
+        async with self.database.connection() as conn:
+            published = await topics.publish(conn, routing_key, publication, signer=signer, urls=urls)
+        self.metrics.record_published(routing_key, published)
+        for queue in published.queues:
+            self.metrics.sent.labels(queue).inc()
+        return published
+
     # -- acknowledge -----------------------------------------------------------------
 
     async def _delete_db(self, queue: str, ids: Sequence[int]) -> list[int]:
@@ -215,6 +249,8 @@ class ServerBroker:
 
     async def start(self) -> None:
         await self.waiters.start()
+        with contextlib.suppress(errors.ConveyorError):
+            await self.signer()  # load (or create) the SNS key now rather than on the first publish
 
     def shutting_down(self) -> None:
         self.waiters.shutting_down()

@@ -17,6 +17,7 @@ _HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _DB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _AGE_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+_WEBHOOK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class _PoolCollector:
@@ -65,6 +66,30 @@ class Metrics:
         self.in_flight = Gauge("queue_in_flight", "Received, not yet visible again", ["queue"], registry=r)
         self.delayed = Gauge("queue_delayed", "Sent with a delay that has not run out", ["queue"], registry=r)
         self.long_pollers = Gauge("queue_long_pollers", "Receives waiting for messages", registry=r)
+        # topics: publishes and webhook deliveries (server/webhooks.py)
+        self.published = Counter("topic_messages_published_total", "Messages published to a topic",
+                                 ["topic"], registry=r)
+        self.fanned_out = Counter("topic_fanout_total", "Copies a publish made: queue messages and "
+                                  "webhook deliveries queued", ["topic", "kind"], registry=r)
+        self.delivery_attempts = Counter("queue_delivery_attempts_total", "HTTP webhook delivery attempts",
+                                         ["outcome"], registry=r)
+        self.delivery_duration = Histogram("queue_delivery_attempt_duration_seconds", "Webhook round-trip latency",
+                                           ["outcome"], buckets=_WEBHOOK_BUCKETS, registry=r)
+        self.delivery_exhausted = Counter("queue_delivery_exhausted_total",
+                                          "Deliveries abandoned after their last attempt", registry=r)
+        self.delivery_held = Counter("queue_delivery_held_total",
+                                     "Deliveries held, never attempted: destination not allowed", registry=r)
+        self.delivery_outbox = Gauge("queue_delivery_outbox", "Webhook outbox rows by state (refreshed by the "
+                                     "delivery worker)", ["state"], registry=r)
+        for outcome in ("success", "failure"):  # both series exist from the start, at zero
+            self.delivery_attempts.labels(outcome)
+        # schedules (server/scheduler.py)
+        self.schedule_fires = Counter("schedule_fires_total", "Scheduled occurrences fired (messages sent or "
+                                      "published by the scheduler)", registry=r)
+        self.schedule_failures = Counter("schedule_failures_total", "Scheduler steps that failed for a schedule",
+                                         registry=r)
+        self.schedule_pauses = Counter("schedule_pauses_total", "Schedules paused after failure_threshold "
+                                       "consecutive failures", registry=r)
 
     def watch_pool(self, stats: Callable[[], object]) -> None:
         self.registry.register(_PoolCollector(stats))
@@ -87,6 +112,28 @@ class Metrics:
             self.depth.labels(m.queue_name).set(m.queue_length)
             self.in_flight.labels(m.queue_name).set(m.in_flight)
             self.delayed.labels(m.queue_name).set(m.delayed)
+
+    def record_published(self, topic: str, published: types.Published) -> None:
+        self.published.labels(topic).inc()
+        if published.queues:
+            self.fanned_out.labels(topic, "queue").inc(len(published.queues))
+        if published.endpoints:
+            self.fanned_out.labels(topic, "webhook").inc(published.endpoints)
+
+    def record_delivery_attempt(self, ok: bool, seconds: float) -> None:
+        outcome = "success" if ok else "failure"
+        self.delivery_attempts.labels(outcome).inc()
+        self.delivery_duration.labels(outcome).observe(seconds)
+
+    def record_delivery_exhausted(self) -> None:
+        self.delivery_exhausted.inc()
+
+    def record_delivery_held(self) -> None:
+        self.delivery_held.inc()
+
+    def set_delivery_states(self, stats: types.DeliveryStats) -> None:
+        for state in ("pending", "held", "exhausted"):
+            self.delivery_outbox.labels(state).set(getattr(stats, state))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

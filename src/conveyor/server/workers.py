@@ -12,6 +12,7 @@ from conveyor import errors
 from conveyor.core import move_tasks, queues, streams
 from conveyor.db import pool
 from conveyor.db.pool import Database
+from conveyor.server import scheduler, webhooks
 from conveyor.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,11 @@ async def _tick_forever(conn: object, tick_interval: float, maint_interval: floa
 
 def start(database: Database, metrics: Metrics, *, maintenance_interval: float,
           depth_interval: float, move_interval: float = 1.0,
-          stream_intervals: tuple[float, float, float] = (0.5, 30.0, 300.0)) -> list[asyncio.Task[None]]:
+          stream_intervals: tuple[float, float, float] = (0.5, 30.0, 300.0),
+          webhook_config: webhooks.Config | None = None,
+          scheduler_config: scheduler.Config | None = None) -> list[asyncio.Task[None]]:
     tick, maint, vacuum = stream_intervals
-    return [
+    tasks = [
         asyncio.create_task(stream_ticker(database.dsn, tick_interval=tick, maint_interval=maint,
                                           vacuum_interval=vacuum), name="conveyor-stream-ticker"),
         asyncio.create_task(every(move_interval, "message move tasks", lambda: move_dead_letters(database)),
@@ -96,3 +99,9 @@ def start(database: Database, metrics: Metrics, *, maintenance_interval: float,
         asyncio.create_task(every(depth_interval, "depth scrape", lambda: depth_scrape(database, metrics)),
                             name="conveyor-depth-scrape"),
     ]
+    if webhook_config is not None:  # the topics' HTTP(S) deliveries (SKIP LOCKED: every process may run it)
+        tasks.append(asyncio.create_task(webhooks.run(database, metrics, webhook_config), name="conveyor-webhooks"))
+    if scheduler_config is not None:  # schedules (SKIP LOCKED: every process runs it)
+        tasks.append(asyncio.create_task(scheduler.run(database, metrics, scheduler_config),
+                                         name="conveyor-scheduler"))
+    return tasks

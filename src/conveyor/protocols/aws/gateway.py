@@ -1,18 +1,52 @@
 """``POST /`` and ``POST /{account_id}/{queue_name}``: where AWS clients arrive.
 
-The request is handed to the service it is meant for. SQS is the default; SNS requests
-are told apart by ``X-Amz-Target: AmazonSNS.*`` (JSON) or an SNS ``Action=`` (Query)
-once Conveyor speaks SNS.
+The request is handed to the service it is meant for, as seed 000's gateway does:
+
+1. ``X-Amz-Target: AmazonSNS.<Action>`` -> SNS (JSON protocol);
+2. otherwise, a request that is not JSON and whose ``Action`` (form body or query string)
+   is an SNS action -> SNS (Query protocol: SNS Query requests carry no target header);
+3. anything else -> SQS, the default.
+
+Path-style SQS URLs (``/{account_id}/{queue_name}``) always go to SQS.
 """
 
 from __future__ import annotations
 
+import re
+from urllib.parse import unquote_plus
+
 from starlette.requests import Request
 from starlette.responses import Response
 
+from conveyor.protocols.aws import wire
+from conveyor.protocols.sns import dispatch as sns
+from conveyor.protocols.sns.shapes import ACTIONS as SNS_ACTIONS
 from conveyor.protocols.sqs import dispatch as sqs
+
+_ACTION = re.compile(rb"(?:^|&)Action=([^&]*)")
+
+
+def _query_action(body: bytes, query_string: bytes) -> str | None:
+    """The ``Action`` field of a Query request (the body wins, as in ``wire.form_fields``)."""
+    for source in (body, query_string):
+        match = _ACTION.search(source)
+        if match:
+            return unquote_plus(match[1].decode("latin-1"))
+    return None
+
+
+def is_sns(request: Request, body: bytes) -> bool:
+    if request.path_params.get("queue_name"):
+        return False
+    if request.headers.get("x-amz-target", "").startswith("AmazonSNS."):
+        return True
+    if wire.is_json(request.headers):
+        return False
+    return _query_action(body, request.scope.get("query_string", b"")) in SNS_ACTIONS
 
 
 async def endpoint(request: Request) -> Response:
     body = await request.body()
-    return await sqs.handle(request.app.state.sqs, request, body)
+    if is_sns(request, body):
+        return await sns.handle(request.app.state.aws, request, body)
+    return await sqs.handle(request.app.state.aws, request, body)

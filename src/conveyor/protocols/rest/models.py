@@ -359,3 +359,192 @@ class ReplayedAll(BaseModel):
 
 class DeadLettersPurged(BaseModel):
     purged: int
+
+
+# -- events (topics) ------------------------------------------------------------------------
+
+FilterPolicyScope = Literal["MessageAttributes", "MessageBody"]
+# Dot-separated segments of [A-Za-z0-9_-] (a pattern's may also be * or #), up to 256
+# characters after an optional region prefix; the SQL API checks the length.
+ROUTING_KEY_PATTERN = r"^([a-z0-9-]{1,32}:)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
+ROUTING_PATTERN_PATTERN = r"^([a-z0-9-]{1,32}:)?([A-Za-z0-9_-]+|\*|#)(\.([A-Za-z0-9_-]+|\*|#))*$"
+
+
+class PublishIn(_StrictBody):
+    message: JsonValue = Field(description="a string is published as is; any other JSON value as its JSON text")
+    headers: dict[str, JsonValue] | None = Field(None, description=(
+        "message attributes: a string becomes a String attribute, a number a Number, a list of "
+        "strings and numbers a String.Array, anything else its JSON text; filter policies match them"))
+    subject: Annotated[str, Field(min_length=1, max_length=100)] | None = Field(
+        None, description="the envelope's Subject")
+    delay: Annotated[int, Field(ge=0, le=900)] | None = Field(
+        None, description="seconds before the queue copies become visible (standard queues)")
+    group_id: GroupId | None = Field(None, description="FIFO routing keys (ending in .fifo): the message group")
+    dedup_id: GroupId | None = Field(None, description="FIFO routing keys: the deduplication id")
+
+
+class Published(BaseModel):
+    message_id: str
+    queues_matched: int
+    endpoints_matched: int
+    queues: list[str]
+    sequence_number: str | None = None
+
+
+class EventSubscriptionIn(_StrictBody):
+    queue_name: QueueName | None = Field(None, description="deliver into this queue (protocol sqs)")
+    protocol: Literal["sqs", "http", "https"] | None = Field(
+        None, description="sqs (the default with queue_name), http or https (with endpoint)")
+    endpoint: Annotated[str, Field(min_length=8, max_length=2048)] | None = Field(
+        None, description="the URL deliveries are POSTed to (protocol http or https)")
+    envelope: bool = Field(False, description="deliver the signed SNS envelope instead of the raw message")
+    filter_policy: dict[str, JsonValue] | None = Field(None, description="an SNS subscription filter policy")
+    filter_policy_scope: FilterPolicyScope = "MessageAttributes"
+
+
+class SubscriptionsQuery(_Strict):
+    after: Annotated[int, Field(ge=0, le=2**63 - 1, description="list subscriptions with a greater id")] = 0
+    max: Annotated[int, Field(ge=1, le=1000, description="subscriptions to list at most")] = 1000
+
+
+class EventSubscription(BaseModel):
+    id: int
+    uuid: str
+    pattern: str
+    protocol: str
+    queue: str | None
+    endpoint: str | None
+    envelope: bool
+    filter_policy: dict[str, Any] | None
+    filter_policy_scope: str
+    confirmed: bool
+    created_at: datetime
+
+
+# -- schedules ------------------------------------------------------------------------------
+
+SCHEDULE_NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.:-]{0,127}$"
+ScheduleName = Annotated[str, Field(pattern=SCHEDULE_NAME_PATTERN,
+                                    description="1-128 of A-Z a-z 0-9 _ - . : (not starting with a dot)")]
+ScheduleStatus = Literal["active", "paused"]
+ScheduleTargetKind = Literal["queue", "topic"]
+
+
+class _ScheduleExpressionIn(_StrictBody):
+    """Exactly one of cron, every, when and fire_at (docs/schedules.md)."""
+
+    cron: Annotated[Text, Field(max_length=200, description=(
+        "five fields: minute hour day-of-month month day-of-week, or @hourly, @daily, @weekly, @monthly, "
+        "@yearly"))] | None = None
+    every: Annotated[Text, Field(max_length=40, description=(
+        "an interval cron can repeat: 30m, 2h, 1d, 1w (minutes dividing an hour, hours dividing a day)"))] | None = None
+    when: Annotated[Text, Field(max_length=200, description=(
+        "a small English form: hourly, daily, every 15 minutes, every day at 09:00, every monday at 8am, "
+        "every weekday at 17:30"))] | None = None
+    fire_at: Annotated[Text, Field(max_length=64, description=(
+        "one ISO 8601 instant (a one-shot schedule); without an offset it is read in timezone"))] | None = None
+    timezone: Annotated[Text, Field(max_length=64, description="an IANA time zone (default UTC)")] | None = None
+
+
+class ScheduleIn(_ScheduleExpressionIn):
+    """A whole schedule configuration (PUT replaces every field; left out: the default)."""
+
+    target_kind: ScheduleTargetKind = Field("queue", description="where fired messages go")
+    target: Annotated[Text, Field(min_length=1, max_length=256, description=(
+        "the queue's name, or the topic's routing key"))]
+    message: JsonValue = Field(default_factory=dict, description=(
+        "the body of every fired message: a string as is, any other JSON value as its JSON text (default {})"))
+    headers: dict[str, JsonValue] | None = Field(None, description=(
+        "headers of every fired message (topic targets: message attributes); _schedule is added"))
+    group_id: GroupId | None = Field(None, description="FIFO targets: the message group (default: the schedule's name)")
+    status: ScheduleStatus | None = Field(None, description=(
+        "active or paused; left out: active for a new schedule, unchanged for an existing one"))
+    catchup: bool = Field(False, description="after downtime, fire missed occurrences (up to catchup_limit)")
+    catchup_limit: Annotated[int, Field(ge=1, le=1000), Integral] = Field(10, description=(
+        "the most missed occurrences one pass fires (the latest ones)"))
+    failure_threshold: Annotated[int, Field(ge=1, le=1000), Integral] = Field(5, description=(
+        "consecutive failed fires after which the schedule is paused"))
+
+
+class ScheduleCreate(ScheduleIn):
+    name: ScheduleName
+
+
+class SchedulePatch(_ScheduleExpressionIn):
+    """Fields to change; left out: unchanged. A new expression or a resume restarts the
+    schedule from now. headers null clears the headers."""
+
+    target_kind: ScheduleTargetKind | None = None
+    target: Annotated[Text, Field(min_length=1, max_length=256)] | None = None
+    message: JsonValue = None
+    headers: dict[str, JsonValue] | None = None
+    group_id: GroupId | None = None
+    status: ScheduleStatus | None = Field(None, description="paused pauses it; active resumes it")
+    catchup: bool | None = None
+    catchup_limit: Annotated[int, Field(ge=1, le=1000), Integral] | None = None
+    failure_threshold: Annotated[int, Field(ge=1, le=1000), Integral] | None = None
+
+
+class Schedule(BaseModel):
+    name: str
+    kind: str = Field(description="cron, or once (a one-shot, deleted after it fires)")
+    expression: dict[str, str] = Field(description="what the schedule was written as")
+    cron: str | None = Field(description="the canonical cron expression (kind cron)")
+    timezone: str
+    fire_at: datetime | None = Field(description="the instant of a one-shot")
+    human_readable: str
+    target_kind: str
+    target: str
+    message: JsonValue
+    headers: dict[str, Any] | None
+    group_id: str | None
+    status: str
+    catchup: bool
+    catchup_limit: int
+    failure_threshold: int
+    consecutive_failures: int
+    last_error: str | None
+    last_error_at: datetime | None
+    last_fired_at: datetime | None = Field(description="the intended time of the latest fire")
+    fire_count: int
+    next_fire_at: datetime | None = Field(description="null: computed by the scheduler's next pass")
+    next_fires: list[datetime] = Field(description="the next intended fire times (none while paused)")
+    created_at: datetime
+    updated_at: datetime
+
+
+class ScheduleList(RootModel[list[Schedule]]):
+    pass
+
+
+class ScheduleListQuery(_Strict):
+    status: ScheduleStatus | None = None
+    target_kind: ScheduleTargetKind | None = None
+    name_prefix: Annotated[str, Field(max_length=128)] | None = None
+    limit: Annotated[int, Field(ge=1, le=1000, description="at most this many (the hard cap is 1000)")] = 1000
+
+
+class ScheduleRun(BaseModel):
+    schedule: str
+    scheduled_for: datetime
+    out_of_band: bool
+    target_kind: str
+    target: str
+    message_id: str = Field(description="the fired message's UUID (topic targets: the publication's)")
+    msg_ids: list[int] = Field(description="queue targets: the message id in the queue")
+    queues: list[str] = Field(description="the queues the message landed in")
+
+
+class PreviewIn(_ScheduleExpressionIn):
+    count: Annotated[int, Field(ge=0, le=100), Integral] = Field(5, description="how many fire times to list")
+    after: Annotated[Text, Field(max_length=64)] | None = Field(None, description=(
+        "list fire times after this ISO 8601 instant (default: now)"))
+
+
+class Preview(BaseModel):
+    kind: str = Field(description="cron, or once")
+    cron: str | None
+    timezone: str
+    fire_at: datetime | None
+    human_readable: str
+    next_fires: list[datetime]

@@ -12,17 +12,17 @@ from conveyor.protocols.rest import models
 _REF = "#/components/schemas/{model}"
 _ID = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
 _PATH_PARAMS = {
-    "name": {"type": "string", "pattern": models.QUEUE_NAME_PATTERN},
     "id": _ID,
-}
-_STREAM_PATH_PARAMS = {
-    "name": {"type": "string", "pattern": models.STREAM_NAME_PATTERN},
-    "consumer": {"type": "string", "pattern": models.CONSUMER_NAME_PATTERN},
     "batch_id": _ID,
-    "id": _ID,
+    "consumer": {"type": "string", "pattern": models.CONSUMER_NAME_PATTERN},
+    "routing_key": {"type": "string", "pattern": models.ROUTING_KEY_PATTERN, "maxLength": 289},
+    "pattern": {"type": "string", "pattern": models.ROUTING_PATTERN_PATTERN, "maxLength": 289},
 }
+# {name} names a queue, except under these collections
+_NAME_PATTERNS = {"/streams": models.STREAM_NAME_PATTERN, "/schedules": models.SCHEDULE_NAME_PATTERN}
 _ARRAY_RESPONSES = {("GET", "/queues"), ("GET", "/queues/{name}/messages"), ("GET", "/streams"),
-                    ("GET", "/streams/{name}/consumers"), ("GET", "/streams/{name}/dead-letters")}
+                    ("GET", "/streams/{name}/consumers"), ("GET", "/streams/{name}/dead-letters"),
+                    ("GET", "/events/{pattern}/subscriptions"), ("GET", "/queues/{name}/subscriptions")}
 # Bodies and answers that are one object or an array of them (201 {id} or {ids}).
 _ONE_OR_MANY = {models.MessageIn: models.SendBatch, models.EventIn: models.EventBatch}
 
@@ -67,9 +67,15 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
             for name, prop in schema["properties"].items()]
 
 
+def _path_schema(path: str, param: str) -> dict[str, Any]:
+    if param != "name":
+        return _PATH_PARAMS[param]
+    collection = "/" + path.split("/")[1]
+    return {"type": "string", "pattern": _NAME_PATTERNS.get(collection, models.QUEUE_NAME_PATTERN)}
+
+
 def _operation(e: Any, components: dict[str, Any]) -> dict[str, Any]:
-    schemas = _STREAM_PATH_PARAMS if e.path.startswith("/streams") else _PATH_PARAMS
-    params = [{"name": p, "in": "path", "required": True, "schema": schemas[p]}
+    params = [{"name": p, "in": "path", "required": True, "schema": _path_schema(e.path, p)}
               for p in re.findall(r"{(\w+)}", e.path)]
     if e.query is not None:
         params += _query_parameters(e.query)

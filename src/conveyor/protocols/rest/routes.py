@@ -15,7 +15,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from conveyor import errors
-from conveyor.protocols.rest import messages, models, openapi, queues, render, streams
+from conveyor.protocols.rest import events, messages, models, openapi, queues, render, schedules, streams
+from conveyor.protocols.sns import certificate
 
 Handler = Callable[[Request], Awaitable[Response]]
 ROLE_RANK = {"read": 0, "write": 1, "admin": 2}
@@ -40,6 +41,8 @@ S = "/streams/{name}"
 CONSUMER = S + "/consumers/{consumer}"
 BATCH = S + "/batches/{batch_id}"
 DL = S + "/dead-letters"
+SCHED = "/schedules/{name}"
+EV_SUBS = "/events/{pattern}/subscriptions"
 
 ENDPOINTS = [
     Endpoint("GET", "/queues", queues.list_queues, "read", "List queues (optionally by name prefix)",
@@ -116,6 +119,51 @@ ENDPOINTS = [
     Endpoint("POST", DL + "/{id}/replay", streams.replay_dead_letter, "admin",
              "Append one dead letter to the stream again (every consumer sees it)",
              {200: models.Replayed, 404: models.Error}),
+    # -- topics ------------------------------------------------------------------------------
+    Endpoint("GET", "/cert", certificate.certificate, "read",
+             "The PEM certificate that verifies SNS envelope signatures (as /SimpleNotificationService.pem)",
+             {200: None}),
+    # -- events (routing-key fan-out; docs/topics.md) -----------------------------------------
+    Endpoint("POST", "/events/{routing_key}", events.publish_event, "write",
+             "Publish to a routing key: into every matching queue and webhook, in one transaction",
+             {201: models.Published, 413: models.Error}, body=models.PublishIn),
+    Endpoint("GET", EV_SUBS, events.list_event_subscriptions, "read",
+             "The subscriptions of a pattern (write # as %23)",
+             {200: models.EventSubscription}, query=models.SubscriptionsQuery),
+    Endpoint("POST", EV_SUBS, events.create_event_subscription, "admin",
+             "Subscribe a queue or an HTTP(S) endpoint to a pattern (* one segment, # zero or more); "
+             "returns the existing subscription for the same target",
+             {201: models.EventSubscription, 404: models.Error}, body=models.EventSubscriptionIn),
+    Endpoint("GET", EV_SUBS + "/{id}", events.get_event_subscription, "read", "One subscription of a pattern",
+             {200: models.EventSubscription, 404: models.Error}),
+    Endpoint("DELETE", EV_SUBS + "/{id}", events.delete_event_subscription, "admin",
+             "Unsubscribe (pending webhook deliveries go too)", {204: None, 404: models.Error}),
+    Endpoint("GET", Q + "/subscriptions", events.list_queue_subscriptions, "read",
+             "The subscriptions delivering into a queue",
+             {200: models.EventSubscription, 404: models.Error}, query=models.SubscriptionsQuery),
+    # -- schedules (docs/schedules.md) ------------------------------------------------------
+    Endpoint("GET", "/schedules", schedules.list_schedules, "read",
+             "List schedules by name (filters: status, target_kind, name_prefix; at most 1000)",
+             {200: models.ScheduleList}, query=models.ScheduleListQuery),
+    Endpoint("POST", "/schedules", schedules.create_schedule, "admin",
+             "Create a schedule (strict: 409 if the name is taken)",
+             {201: models.Schedule, 409: models.Error}, body=models.ScheduleCreate),
+    Endpoint("GET", SCHED, schedules.get_schedule, "read",
+             "A schedule, its description in words and its next fire times", {200: models.Schedule, 404: models.Error}),
+    Endpoint("PUT", SCHED, schedules.put_schedule, "admin",
+             "Create or replace a schedule's configuration: 201 created, 200 replaced (idempotent)",
+             {200: models.Schedule, 201: models.Schedule}, body=models.ScheduleIn),
+    Endpoint("PATCH", SCHED, schedules.patch_schedule, "admin",
+             "Change some fields; {\"status\": \"paused\"} pauses, \"active\" resumes",
+             {200: models.Schedule, 404: models.Error}, body=models.SchedulePatch),
+    Endpoint("DELETE", SCHED, schedules.delete_schedule, "admin", "Delete a schedule (204 whether it existed or not)",
+             {204: None}),
+    Endpoint("POST", SCHED + "/runs", schedules.run_schedule, "write",
+             "Fire a schedule once now, out of band (its next fire time does not move)",
+             {202: models.ScheduleRun, 404: models.Error, 413: models.Error}),
+    Endpoint("POST", "/previews", schedules.preview, "read",
+             "Dry-run an expression: its canonical form, a description and its next fire times",
+             {200: models.Preview}, body=models.PreviewIn),
 ]
 
 

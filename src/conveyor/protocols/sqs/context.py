@@ -1,9 +1,7 @@
 """Who is asking, where, and how SQS names map onto Conveyor queues.
 
 SQS scopes queues per region (taken from the request's SigV4 credential scope) and per
-account. Conveyor has one account (configurable id) and stores a queue of a region
-other than the server's default under the name ``<region>:<name>``, so that queues of
-the default region keep their plain names across SQS, REST, SQL and the CLI.
+account; ``conveyor.protocols.aws.service.RegionScope`` says how Conveyor stores them.
 
 Queue URLs are ``{base_url}/{account_id}/{name}``; without a configured base URL the
 scheme and Host the client used build it, so URLs work behind any name or port. A
@@ -17,6 +15,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
+from conveyor.protocols.aws.service import RegionScope
 from conveyor.protocols.broker import Broker
 from conveyor.protocols.sqs.errors import NO_QUEUE, SqsError, invalid_value
 
@@ -26,37 +25,15 @@ _ARN = re.compile(r"^arn:aws[a-z-]*:sqs:([a-z0-9-]{1,32}):(\d{12}):(.+)$")
 
 
 @dataclass(frozen=True)
-class Context:
+class Context(RegionScope):
     broker: Broker
-    region: str
-    default_region: str
-    account_id: str
     base_url: str
     sender_id: str
     request_id: str
     path_queue_url: str | None = None  # set when the request came to /{account}/{queue}
 
-    # -- names -----------------------------------------------------------------------
-
-    def internal(self, name: str, region: str | None = None) -> str:
-        region = region or self.region
-        return name if region == self.default_region else f"{region}:{name}"
-
-    def visible(self, internal_name: str) -> bool:
-        """Whether a stored queue belongs to this request's region."""
-        region, sep, _ = internal_name.rpartition(":")
-        return region == self.region if sep else self.region == self.default_region
-
-    @staticmethod
-    def bare(internal_name: str) -> str:
-        return internal_name.rpartition(":")[2]
-
     def url(self, internal_name: str) -> str:
         return f"{self.base_url}/{self.account_id}/{self.bare(internal_name)}"
-
-    def arn(self, internal_name: str) -> str:
-        region, sep, name = internal_name.rpartition(":")
-        return f"arn:aws:sqs:{region if sep else self.default_region}:{self.account_id}:{name}"
 
     # -- resolving what clients send -------------------------------------------------
 

@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor import errors
-from conveyor.protocols.aws import sigv4, wire
-from conveyor.protocols.broker import Broker
+from conveyor.protocols.aws import service, sigv4, wire
 from conveyor.protocols.sqs import message_actions, move_task_actions, permission_actions, queue_actions
 from conveyor.protocols.sqs import tag_actions
 from conveyor.protocols.sqs.context import Context
-from conveyor.protocols.sqs.errors import KINDS, SqsError, from_conveyor
+from conveyor.protocols.sqs.errors import SqsError, from_conveyor
 from conveyor.protocols.sqs.shapes import INPUT, NAMESPACE, OUTPUT
 
 log = logging.getLogger(__name__)
@@ -56,64 +54,26 @@ HANDLERS: dict[str, Handler] = {
 assert set(HANDLERS) == set(INPUT), "every SQS action has a handler"
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """What the server tells the SQS endpoint about itself."""
-
-    broker: Broker
-    region: str
-    account_id: str
-    base_url: str | None
-    auth_mode: str  # none | header | token (presence of a header) ...
-    credentials: dict[str, str]  # ... or SigV4 against these, when any are configured
-
-
-def _info(exc: SqsError) -> wire.ErrorInfo:
-    return wire.ErrorInfo(exc.kind.name, exc.kind.query_code, exc.kind.status, exc.kind.sender, exc.message)
-
-
-def _authenticate(endpoint: Endpoint, request: Request, body: bytes) -> sigv4.Scope | None:
-    authorization = request.headers.get("authorization")
-    scope = sigv4.parse_scope(authorization) or sigv4.parse_query_scope(request.url.query)
-    if endpoint.credentials:
-        try:
-            sigv4.verify(request.method, request.scope.get("raw_path", b"/").decode("latin-1"),
-                         request.url.query, [(k, v) for k, v in request.headers.items()], body,
-                         endpoint.credentials)
-        except sigv4.SignatureError as exc:
-            raise SqsError(exc.code if exc.code in KINDS else "AccessDenied", exc.message) from None
-    elif endpoint.auth_mode != "none" and authorization is None and scope is None:
-        raise SqsError("MissingAuthenticationToken", "Request is missing Authentication Token")
-    return scope
-
-
-def _context(endpoint: Endpoint, request: Request, scope: sigv4.Scope | None, request_id: str) -> Context:
-    base = endpoint.base_url or f"{request.url.scheme}://{request.headers.get('host', request.url.netloc)}"
+def _context(endpoint: service.Endpoint, request: Request, scope: sigv4.Scope | None, request_id: str) -> Context:
     account, queue = request.path_params.get("account_id"), request.path_params.get("queue_name")
     return Context(
         broker=endpoint.broker,
-        region=scope.region if scope and scope.region else endpoint.region,
+        region=service.region(endpoint, scope),
         default_region=endpoint.region,
         account_id=endpoint.account_id,
-        base_url=base,
+        base_url=service.base_url(endpoint, request),
         sender_id=scope.access_key if scope else endpoint.account_id,
         request_id=request_id,
         path_queue_url=f"/{account}/{queue}" if account and queue else None,
     )
 
 
-def _read(request: Request, body: bytes, request_id: str) -> wire.Call:
-    if wire.is_json(request.headers):
-        return wire.parse_json(SERVICE, request.headers.get("x-amz-target", ""), body, request_id)
-    return wire.parse_query(SERVICE, wire.form_fields(body, request.url.query), request_id)
-
-
-async def handle(endpoint: Endpoint, request: Request, body: bytes) -> Response:
+async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> Response:
     request_id = wire.new_request_id()
-    protocol = "json" if wire.is_json(request.headers) else "query"
+    protocol = service.protocol(request)
     try:
-        scope = _authenticate(endpoint, request, body)
-        call = _read(request, body, request_id)
+        scope = service.authenticate(endpoint, request, body, SqsError)
+        call = service.read(SERVICE, request, body, request_id)
         ctx = _context(endpoint, request, scope, request_id)
         return wire.result(call, await HANDLERS[call.action](ctx, call.params))
     except wire.WireError as exc:
@@ -125,4 +85,4 @@ async def handle(endpoint: Endpoint, request: Request, body: bytes) -> Response:
     except Exception:
         log.exception("SQS request failed")
         failure = SqsError("InternalError", "We encountered an internal error. Please try again.")
-    return wire.error(SERVICE, protocol, _info(failure), request_id)
+    return wire.error(SERVICE, protocol, failure.info(), request_id)

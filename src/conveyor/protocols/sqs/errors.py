@@ -7,18 +7,8 @@ an HTTP status and a fault side. Conveyor's own errors are translated here, in o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from conveyor import errors
-
-
-@dataclass(frozen=True, slots=True)
-class Kind:
-    name: str
-    query_code: str
-    status: int = 400
-    sender: bool = True
-
+from conveyor.protocols.aws.service import COMMON_KINDS, AwsError, Kind, kinds
 
 _KINDS = [
     Kind("QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"),
@@ -40,29 +30,16 @@ _KINDS = [
     Kind("PurgeQueueInProgress", "AWS.SimpleQueueService.PurgeQueueInProgress", 403),
     Kind("UnsupportedOperation", "AWS.SimpleQueueService.UnsupportedOperation"),
     Kind("ResourceNotFoundException", "ResourceNotFoundException", 404),
-    Kind("InvalidAction", "InvalidAction"),
-    Kind("SerializationException", "SerializationException"),
-    Kind("InvalidSecurity", "InvalidSecurity", 403),
-    Kind("AccessDenied", "AccessDenied", 403),
-    Kind("MissingAuthenticationToken", "MissingAuthenticationToken", 403),
-    Kind("IncompleteSignature", "IncompleteSignature", 400),
-    Kind("InvalidClientTokenId", "InvalidClientTokenId", 403),
-    Kind("SignatureDoesNotMatch", "SignatureDoesNotMatch", 403),
-    Kind("RequestEntityTooLarge", "RequestEntityTooLarge", 413),
-    Kind("ServiceUnavailable", "ServiceUnavailable", 503, sender=False),
     Kind("InternalError", "InternalError", 500, sender=False),
 ]
-KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}
+KINDS = kinds(COMMON_KINDS, _KINDS)
 
 # AWS's wording for the common cases
 NO_QUEUE = "The specified queue does not exist."
 
 
-class SqsError(Exception):
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = KINDS[name]
-        self.message = message
+class SqsError(AwsError):
+    KINDS = KINDS
 
 
 def invalid_value(parameter: str, value: object, reason: str) -> SqsError:

@@ -78,7 +78,7 @@ async def list_message_move_tasks(ctx: Context, p: dict[str, Any]) -> dict[str, 
 def _entry(ctx: Context, t: types.MoveTask) -> dict[str, Any]:
     out: dict[str, Any] = {
         "Status": t.status,
-        "SourceArn": ctx.arn(t.source_queue),
+        "SourceArn": ctx.queue_arn(t.source_queue),
         "ApproximateNumberOfMessagesMoved": t.moved,
         "ApproximateNumberOfMessagesToMove": t.to_move,
         "StartedTimestamp": int(t.started_at.timestamp() * 1000),
@@ -86,7 +86,7 @@ def _entry(ctx: Context, t: types.MoveTask) -> dict[str, Any]:
     if t.status == "RUNNING":
         out["TaskHandle"] = str(t.handle)
     if t.destination_queue:
-        out["DestinationArn"] = ctx.arn(t.destination_queue)
+        out["DestinationArn"] = ctx.queue_arn(t.destination_queue)
     if t.max_per_second:
         out["MaxNumberOfMessagesPerSecond"] = t.max_per_second
     if t.failure_reason:

@@ -27,7 +27,7 @@ async def _policy(ctx: Context, conn: Any, queue: str) -> dict[str, Any]:
     raw = (await queues.get(conn, queue)).extra_attributes.get("Policy")
     if raw:
         return json.loads(raw)
-    return {"Version": "2012-10-17", "Id": f"{ctx.arn(queue)}/SQSDefaultPolicy", "Statement": []}
+    return {"Version": "2012-10-17", "Id": f"{ctx.queue_arn(queue)}/SQSDefaultPolicy", "Statement": []}
 
 
 async def _save(conn: Any, queue: str, policy: dict[str, Any]) -> None:
@@ -59,7 +59,7 @@ async def add_permission(ctx: Context, p: dict[str, Any]) -> None:
             "Effect": "Allow",
             "Principal": {"AWS": _one_or_many([f"arn:aws:iam::{a}:root" for a in accounts])},
             "Action": _one_or_many([f"SQS:{a}" for a in actions]),
-            "Resource": ctx.arn(queue),
+            "Resource": ctx.queue_arn(queue),
         })
         await _save(conn, queue, policy)
 

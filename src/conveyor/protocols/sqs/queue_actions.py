@@ -50,7 +50,7 @@ async def _check_dead_letter_target(ctx: Context, conn: Any, queue: str, wanted:
     try:
         dead_letter_queue = await queues.get(conn, target)
     except errors.QueueNotFound:
-        raise invalid_value("RedrivePolicy", ctx.arn(target), "Dead letter target does not exist") from None
+        raise invalid_value("RedrivePolicy", ctx.queue_arn(target), "Dead letter target does not exist") from None
     attrs.check_redrive_allowed(ctx, queue, dead_letter_queue)
 
 

@@ -162,10 +162,10 @@ def check_redrive_allowed(ctx: Context, source: str, dead_letter_queue: types.Qu
     policy = json.loads(raw)
     permission = policy.get("redrivePermission")
     allowed = permission == "allowAll" or (
-        permission == "byQueue" and ctx.arn(source) in policy.get("sourceQueueArns", []))
+        permission == "byQueue" and ctx.queue_arn(source) in policy.get("sourceQueueArns", []))
     if not allowed:
-        raise invalid_value("RedrivePolicy", ctx.arn(dead_letter_queue.name),
-                            f"Queue {ctx.arn(dead_letter_queue.name)} does not allow this queue to use it "
+        raise invalid_value("RedrivePolicy", ctx.queue_arn(dead_letter_queue.name),
+                            f"Queue {ctx.queue_arn(dead_letter_queue.name)} does not allow this queue to use it "
                             "as a dead-letter queue")
 
 
@@ -186,7 +186,7 @@ def from_conveyor(ctx: Context, queue: types.Queue, metrics: types.QueueMetrics 
 
 def _all(ctx: Context, q: types.Queue, m: types.QueueMetrics | None) -> dict[str, str]:
     out = {
-        "QueueArn": ctx.arn(q.name),
+        "QueueArn": ctx.queue_arn(q.name),
         "CreatedTimestamp": str(int(q.created_at.timestamp())),
         "LastModifiedTimestamp": str(int(q.updated_at.timestamp())),
         "VisibilityTimeout": str(q.visibility_timeout),
@@ -200,7 +200,7 @@ def _all(ctx: Context, q: types.Queue, m: types.QueueMetrics | None) -> dict[str
         out["ApproximateNumberOfMessagesNotVisible"] = str(m.in_flight)
         out["ApproximateNumberOfMessagesDelayed"] = str(m.delayed)
     if q.dead_letter_queue and q.max_receive_count:
-        out["RedrivePolicy"] = json.dumps({"deadLetterTargetArn": ctx.arn(q.dead_letter_queue),
+        out["RedrivePolicy"] = json.dumps({"deadLetterTargetArn": ctx.queue_arn(q.dead_letter_queue),
                                            "maxReceiveCount": q.max_receive_count}, separators=(",", ":"))
     extra = dict(q.extra_attributes)
     out.update({k: str(v) for k, v in extra.items() if k in KEPT})

@@ -1,0 +1,154 @@
+"""What every AWS service endpoint of Conveyor shares (SQS and SNS): its configuration,
+authentication, reading a call in either protocol, the error kinds common to AWS's Query
+services, and how names are scoped per region.
+
+Each service keeps its own error table (``Kind`` rows added to ``COMMON_KINDS``), its own
+``AwsError`` subclass and its handlers; this module holds the rest once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from starlette.requests import Request
+
+from conveyor.protocols.aws import sigv4, wire
+from conveyor.protocols.broker import Broker
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What the server tells an AWS endpoint about itself."""
+
+    broker: Broker
+    region: str
+    account_id: str
+    base_url: str | None
+    auth_mode: str  # none | header | token (presence of a header) ...
+    credentials: dict[str, str]  # ... or SigV4 against these, when any are configured
+
+
+# -- errors --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """An error as a service's model states it: the JSON ``__type`` name, the Query
+    protocol's code (also JSON's ``x-amzn-query-error``), HTTP status and fault side."""
+
+    name: str
+    query_code: str
+    status: int = 400
+    sender: bool = True
+
+
+# Errors of the protocol layer, the same in every AWS Query service
+COMMON_KINDS = [
+    Kind("InvalidAction", "InvalidAction"),
+    Kind("SerializationException", "SerializationException"),
+    Kind("InvalidSecurity", "InvalidSecurity", 403),
+    Kind("AccessDenied", "AccessDenied", 403),
+    Kind("MissingAuthenticationToken", "MissingAuthenticationToken", 403),
+    Kind("IncompleteSignature", "IncompleteSignature"),
+    Kind("InvalidClientTokenId", "InvalidClientTokenId", 403),
+    Kind("SignatureDoesNotMatch", "SignatureDoesNotMatch", 403),
+    Kind("RequestEntityTooLarge", "RequestEntityTooLarge", 413),
+    Kind("ServiceUnavailable", "ServiceUnavailable", 503, sender=False),
+]
+
+
+class AwsError(Exception):
+    """An error answered in a service's own terms. Subclasses set ``KINDS`` (name → kind)
+    and may map other names onto theirs with ``ALIASES``."""
+
+    KINDS: ClassVar[dict[str, Kind]] = {}
+    ALIASES: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = self.KINDS[self.ALIASES.get(name, name)]
+        self.message = message
+
+    def info(self) -> wire.ErrorInfo:
+        return wire.ErrorInfo(self.kind.name, self.kind.query_code, self.kind.status, self.kind.sender,
+                              self.message)
+
+
+def kinds(*tables: list[Kind]) -> dict[str, Kind]:
+    return {k.name: k for table in tables for k in table}
+
+
+# -- a request -------------------------------------------------------------------------------
+
+def authenticate(endpoint: Endpoint, request: Request, body: bytes, error: type[AwsError], *,
+                 anonymous: bool = False) -> sigv4.Scope | None:
+    """The request's SigV4 credential scope (region, access key), if it has one. With
+    credentials configured the signature is verified; otherwise, unless auth is off,
+    some authentication must be present. ``anonymous`` lets an unauthenticated request
+    through (SNS's unsubscribe links)."""
+    authorization = request.headers.get("authorization")
+    scope = sigv4.parse_scope(authorization) or sigv4.parse_query_scope(request.url.query)
+    if anonymous and authorization is None and scope is None:
+        return None
+    if endpoint.credentials:
+        try:
+            sigv4.verify(request.method, request.scope.get("raw_path", b"/").decode("latin-1"),
+                         request.url.query, [(k, v) for k, v in request.headers.items()], body,
+                         endpoint.credentials)
+        except sigv4.SignatureError as exc:
+            raise error(exc.code if exc.code in error.KINDS else "AccessDenied", exc.message) from None
+    elif endpoint.auth_mode != "none" and authorization is None and scope is None:
+        raise error("MissingAuthenticationToken", "Request is missing Authentication Token")
+    return scope
+
+
+def base_url(endpoint: Endpoint, request: Request) -> str:
+    """The configured base URL, else the scheme and Host the client used."""
+    return endpoint.base_url or f"{request.url.scheme}://{request.headers.get('host', request.url.netloc)}"
+
+
+def region(endpoint: Endpoint, scope: sigv4.Scope | None) -> str:
+    return scope.region if scope and scope.region else endpoint.region
+
+
+def protocol(request: Request) -> str:
+    return "json" if wire.is_json(request.headers) else "query"
+
+
+def read(service: wire.Service, request: Request, body: bytes, request_id: str) -> wire.Call:
+    """JSON protocol by Content-Type (the action from X-Amz-Target); anything else is the
+    Query protocol (the action from the form fields)."""
+    if wire.is_json(request.headers):
+        return wire.parse_json(service, request.headers.get("x-amz-target", ""), body, request_id)
+    return wire.parse_query(service, wire.form_fields(body, request.url.query), request_id)
+
+
+# -- names ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RegionScope:
+    """Names per region, as AWS scopes queues and topics. Conveyor has one account
+    (configurable id) and stores a resource of a region other than the server's default
+    as ``<region>:<name>``, so resources of the default region keep their plain names
+    across the wire protocols, REST, SQL and the CLI."""
+
+    region: str  # the request's
+    default_region: str  # the server's
+    account_id: str
+
+    def internal(self, name: str, region: str | None = None) -> str:
+        region = region or self.region
+        return name if region == self.default_region else f"{region}:{name}"
+
+    def visible(self, internal_name: str) -> bool:
+        """Whether a stored resource belongs to this request's region."""
+        region, sep, _ = internal_name.rpartition(":")
+        return region == self.region if sep else self.region == self.default_region
+
+    @staticmethod
+    def bare(internal_name: str) -> str:
+        return internal_name.rpartition(":")[2]
+
+    def queue_arn(self, internal_queue: str) -> str:
+        region, sep, name = internal_queue.rpartition(":")
+        return f"arn:aws:sqs:{region if sep else self.default_region}:{self.account_id}:{name}"

@@ -1,0 +1,1 @@
+"""The Amazon SNS wire protocol (JSON and Query) over Conveyor's topics."""

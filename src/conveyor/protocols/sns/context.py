@@ -1,0 +1,104 @@
+"""Who is asking, where, and how SNS names map onto Conveyor topics.
+
+SNS scopes topics per region (taken from the request's SigV4 credential scope) and per
+account. As for SQS queues, Conveyor has one account (configurable id) and stores a topic
+of a region other than the server's default under the name ``<region>:<name>``; topics of
+the default region keep their plain names across SNS, REST, SQL and the CLI. A topic's
+stored name is also the routing key a Publish uses and the pattern a Subscribe binds.
+
+ARNs: ``arn:aws:sns:<region>:<account>:<topic>`` for topics and
+``<topic ARN>:<subscription uuid>`` for subscriptions. An SQS subscription names its queue
+by the queue's ARN ``arn:aws:sqs:<region>:<account>:<queue>``, resolved as the SQS layer
+resolves it.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from conveyor import types
+from conveyor.protocols.aws.service import RegionScope
+from conveyor.protocols.broker import Broker
+from conveyor.protocols.sns.errors import NO_SUBSCRIPTION, SnsError, invalid, not_found
+from conveyor.protocols.sqs.context import is_valid_name as is_valid_queue_name
+
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+_FIFO_TOPIC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,251}\.fifo$")
+_ARN_TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")  # any routing key (topics made over REST too)
+_ARN = re.compile(r"^arn:aws[a-z-]*:(sns|sqs):([a-z0-9-]{1,32}):(\d{12}):(.+)$")
+
+
+@dataclass(frozen=True)
+class Context(RegionScope):
+    broker: Broker
+    action: str
+    base_url: str
+    request_id: str
+
+    @property
+    def urls(self) -> types.TopicUrls:
+        """What the topics engine needs to write ARNs and URLs into envelopes."""
+        return types.TopicUrls(region=self.default_region, account_id=self.account_id, base_url=self.base_url)
+
+    # -- names -----------------------------------------------------------------------
+
+    def topic_arn(self, internal_name: str) -> str:
+        return self.urls.topic_arn(internal_name)
+
+    def subscription_arn(self, subscription: types.Subscription) -> str:
+        return self.urls.subscription_arn(subscription.pattern, subscription.uuid)
+
+    # -- resolving what clients send -------------------------------------------------
+
+    def _parse(self, arn: str | None, service: str, parameter: str) -> tuple[str, str]:
+        """(region, resource) of an ARN of this account; SNS's errors otherwise."""
+        if not arn:
+            raise invalid(parameter)
+        match = _ARN.match(arn)
+        if not match or match[1] != service:
+            raise invalid(parameter)
+        _, region, account, resource = match.groups()
+        if account != self.account_id:
+            raise SnsError("AuthorizationErrorException",
+                           f"User: arn:aws:iam::{self.account_id}:root is not authorized to perform: "
+                           f"SNS:{self.action} on resource: {arn}")
+        return region, resource
+
+    def topic_from_arn(self, arn: str | None, parameter: str = "TopicArn") -> str:
+        """The stored name of the topic an ARN names (not checked for existence)."""
+        region, name = self._parse(arn, "sns", parameter)
+        if not _ARN_TOPIC_NAME.match(name):
+            raise invalid(parameter)
+        return self.internal(name, region)
+
+    def subscription_from_arn(self, arn: str | None, parameter: str = "SubscriptionArn") -> tuple[str, uuid.UUID]:
+        """(topic, subscription uuid) of a subscription ARN."""
+        region, resource = self._parse(arn, "sns", parameter)
+        name, sep, key = resource.rpartition(":")
+        if not sep or not name:
+            raise invalid(parameter)
+        try:
+            return self.internal(name, region), uuid.UUID(key)
+        except ValueError:
+            raise invalid(parameter) from None
+
+    def queue_from_arn(self, arn: str | None) -> str:
+        """The stored name of the SQS queue an SQS subscription's Endpoint names."""
+        if not arn or not _ARN.match(arn):
+            raise invalid("SQS endpoint ARN")
+        region, name = self._parse(arn, "sqs", "SQS endpoint ARN")
+        if not is_valid_queue_name(name):
+            raise invalid("SQS endpoint ARN")
+        return self.internal(name, region)
+
+    def check_subscription_topic(self, subscription: types.Subscription | None, topic: str) -> types.Subscription:
+        """A subscription found by uuid belongs to the topic its ARN names, or is not found."""
+        if subscription is None or subscription.pattern != topic:
+            raise not_found(NO_SUBSCRIPTION)
+        return subscription
+
+
+def is_valid_topic_name(name: str) -> bool:
+    return bool(_TOPIC_NAME.match(name) or _FIFO_TOPIC_NAME.match(name))

@@ -1,0 +1,98 @@
+"""The SNS endpoint: authenticate, read the call (JSON or Query), run its handler, answer
+in the same protocol. Handlers take typed parameters and return typed results; every error
+leaves through one place, rendered as AWS renders SNS errors.
+
+Unsubscribe by ``GET /?Action=Unsubscribe&SubscriptionArn=...`` — the ``UnsubscribeURL`` of
+every envelope — needs no credentials, as on AWS: the subscription's random id in the ARN
+is the capability.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from conveyor import errors
+from conveyor.protocols.aws import service, sigv4, wire
+from conveyor.protocols.sns import publish_actions, subscription_actions, tag_actions, topic_actions
+from conveyor.protocols.sns.context import Context
+from conveyor.protocols.sns.errors import INTERNAL, SnsError, from_conveyor, invalid
+from conveyor.protocols.sns.shapes import INPUT, NAMESPACE, OUTPUT
+
+log = logging.getLogger(__name__)
+
+SERVICE = wire.Service(target_prefix="AmazonSNS", json_type_prefix="com.amazonaws.sns#", namespace=NAMESPACE,
+                       inputs=INPUT, outputs=OUTPUT, query_compatible=True)
+
+Handler = Callable[[Context, dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+HANDLERS: dict[str, Handler] = {
+    "CreateTopic": topic_actions.create_topic,
+    "DeleteTopic": topic_actions.delete_topic,
+    "ListTopics": topic_actions.list_topics,
+    "GetTopicAttributes": topic_actions.get_topic_attributes,
+    "SetTopicAttributes": topic_actions.set_topic_attributes,
+    "Subscribe": subscription_actions.subscribe,
+    "Unsubscribe": subscription_actions.unsubscribe,
+    "ConfirmSubscription": subscription_actions.confirm_subscription,
+    "ListSubscriptions": subscription_actions.list_subscriptions,
+    "ListSubscriptionsByTopic": subscription_actions.list_subscriptions_by_topic,
+    "GetSubscriptionAttributes": subscription_actions.get_subscription_attributes,
+    "SetSubscriptionAttributes": subscription_actions.set_subscription_attributes,
+    "Publish": publish_actions.publish,
+    "PublishBatch": publish_actions.publish_batch,
+    "TagResource": tag_actions.tag_resource,
+    "UntagResource": tag_actions.untag_resource,
+    "ListTagsForResource": tag_actions.list_tags_for_resource,
+}
+assert set(HANDLERS) == set(INPUT), "every SNS action has a handler"
+
+_SHAPE_MESSAGE = re.compile(r"^Value for parameter (.+) is invalid\. Reason: (.+)\.$")
+
+
+def _is_unsubscribe_link(request: Request) -> bool:
+    return request.method == "GET" and request.query_params.get("Action") == "Unsubscribe"
+
+
+def _context(endpoint: service.Endpoint, request: Request, scope: sigv4.Scope | None, call: wire.Call) -> Context:
+    return Context(
+        broker=endpoint.broker,
+        action=call.action,
+        region=service.region(endpoint, scope),
+        default_region=endpoint.region,
+        account_id=endpoint.account_id,
+        base_url=service.base_url(endpoint, request),
+        request_id=call.request_id,
+    )
+
+
+def _wire_failure(exc: wire.WireError) -> SnsError:
+    match = _SHAPE_MESSAGE.match(exc.message)
+    if exc.kind == "InvalidParameterValue" and match:
+        return invalid(match[1], match[2])
+    return SnsError(exc.kind, exc.message)
+
+
+async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> Response:
+    request_id = wire.new_request_id()
+    protocol = service.protocol(request)
+    try:
+        scope = service.authenticate(endpoint, request, body, SnsError, anonymous=_is_unsubscribe_link(request))
+        call = service.read(SERVICE, request, body, request_id)
+        ctx = _context(endpoint, request, scope, call)
+        return wire.result(call, await HANDLERS[call.action](ctx, call.params))
+    except wire.WireError as exc:
+        failure = _wire_failure(exc)
+    except SnsError as exc:
+        failure = exc
+    except errors.ConveyorError as exc:
+        failure = from_conveyor(exc)
+    except Exception:
+        log.exception("SNS request failed")
+        failure = SnsError("InternalErrorException", INTERNAL)
+    return wire.error(SERVICE, protocol, failure.info(), request_id)

@@ -1,0 +1,291 @@
+"""SNS subscription actions: Subscribe, Unsubscribe, ConfirmSubscription, ListSubscriptions,
+ListSubscriptionsByTopic, GetSubscriptionAttributes, SetSubscriptionAttributes.
+
+Protocols: ``sqs`` (the Endpoint is the queue's ARN), ``http`` and ``https``. Conveyor
+confirms every subscription at once: it sends no SubscriptionConfirmation to an HTTP(S)
+endpoint, Subscribe answers with the subscription's ARN (never "pending confirmation"),
+and ConfirmSubscription answers with the ARN of the subscription its token names — the
+subscription's id (the last part of its ARN) or its ARN — or, for any other token, of the
+topic's newest HTTP(S) subscription. Whether an endpoint may be reached is decided at
+delivery time by the egress allowlist: subscribing to a disallowed endpoint succeeds, and
+its deliveries are held.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+from conveyor import errors, types
+from conveyor.core import topics
+from conveyor.protocols.sns import topic_actions
+from conveyor.protocols.sns.context import Context
+from conveyor.protocols.sns.errors import NO_SUBSCRIPTION, invalid, not_found
+from conveyor.protocols.sns.topic_attributes import EFFECTIVE_DELIVERY_POLICY
+
+PROTOCOLS = ("sqs", "http", "https")
+OTHER_SNS_PROTOCOLS = ("email", "email-json", "sms", "lambda", "application", "firehose")
+# subscription attributes kept as given (Conveyor stores and returns them)
+KEPT = frozenset({"DeliveryPolicy", "RedrivePolicy", "SubscriptionRoleArn", "ReplayPolicy"})
+JSON_VALUED = frozenset({"DeliveryPolicy", "RedrivePolicy", "ReplayPolicy", "FilterPolicy"})
+SETTABLE = KEPT | {"RawMessageDelivery", "FilterPolicy", "FilterPolicyScope"}
+MAX_ENDPOINT = 2048
+PAGE = topic_actions.PAGE
+
+
+# -- reading what clients send ---------------------------------------------------------------
+
+def _bool(name: str, value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise invalid("Attributes", f"{name}: Invalid value [{value}]. Must be true or false.")
+    return value.lower() == "true"
+
+
+def _check_json(name: str, value: str) -> None:
+    if value == "":
+        return
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        raise invalid(name, "failed to parse JSON") from None
+    if not isinstance(parsed, dict):
+        raise invalid(name, "must be a JSON object")
+
+
+def _changes(given: dict[str, str], *, one: bool = False) -> dict[str, Any]:
+    """Subscription attributes (Subscribe's map, or ``one`` of SetSubscriptionAttributes)
+    as the topics engine's changes."""
+    changes: dict[str, Any] = {}
+    kept: dict[str, str | None] = {}
+    for name, value in given.items():
+        if name not in SETTABLE:
+            raise invalid("AttributeName") if one else invalid("Attributes", f"Unknown attribute {name}")
+        if name in JSON_VALUED:
+            _check_json(name, value)
+        if name == "RawMessageDelivery":
+            changes["raw_delivery"] = _bool(name, value)
+        elif name == "FilterPolicy":
+            changes["filter_policy"] = value or None
+        elif name == "FilterPolicyScope":
+            changes["filter_policy_scope"] = value
+        else:
+            kept[name] = value or None
+    if kept:
+        changes["attributes"] = kept
+    return changes
+
+
+def _check_endpoint(protocol: str, endpoint: str | None) -> str:
+    if not endpoint:
+        raise invalid("Endpoint")
+    parts = urlsplit(endpoint)
+    if parts.scheme.lower() != protocol:
+        raise invalid("Endpoint must match the specified protocol")
+    try:
+        parts.port  # noqa: B018 - raises for a port out of range
+    except ValueError:
+        raise invalid("Endpoint", "the port is not valid") from None
+    if not parts.hostname or len(endpoint) > MAX_ENDPOINT or any(c.isspace() for c in endpoint):
+        raise invalid("Endpoint", "not a valid URL")
+    return endpoint
+
+
+def _check_protocol(protocol: str | None) -> str:
+    if not protocol:
+        raise invalid("Protocol")
+    if protocol in PROTOCOLS:
+        return protocol
+    if protocol in OTHER_SNS_PROTOCOLS:
+        raise invalid("Protocol", f"Conveyor delivers to {', '.join(PROTOCOLS)} endpoints only, not {protocol}")
+    raise invalid(f"Amazon SNS does not support this protocol string: {protocol}")
+
+
+# -- answers -----------------------------------------------------------------------------------
+
+def endpoint_of(ctx: Context, s: types.Subscription) -> str:
+    return ctx.queue_arn(s.queue) if s.protocol == "sqs" and s.queue else (s.endpoint or "")
+
+
+def summary(ctx: Context, s: types.Subscription) -> dict[str, str]:
+    return {"SubscriptionArn": ctx.subscription_arn(s), "Owner": ctx.account_id, "Protocol": s.protocol,
+            "Endpoint": endpoint_of(ctx, s), "TopicArn": ctx.topic_arn(s.pattern)}
+
+
+def attributes_of(ctx: Context, s: types.Subscription) -> dict[str, str]:
+    out = {
+        **summary(ctx, s),
+        "ConfirmationWasAuthenticated": "true",
+        "PendingConfirmation": "false" if s.confirmed else "true",
+        "RawMessageDelivery": "true" if s.raw_delivery else "false",
+        "SubscriptionPrincipal": f"arn:aws:iam::{ctx.account_id}:root",
+    }
+    if s.protocol in ("http", "https"):
+        out["EffectiveDeliveryPolicy"] = EFFECTIVE_DELIVERY_POLICY
+    if s.filter_policy is not None:
+        out["FilterPolicy"] = json.dumps(s.filter_policy, separators=(",", ":"))
+        out["FilterPolicyScope"] = s.filter_policy_scope
+    out.update({k: str(v) for k, v in (s.attributes or {}).items() if k in KEPT and v is not None})
+    return out
+
+
+# -- actions -----------------------------------------------------------------------------------
+
+async def _find(ctx: Context, conn: Any, topic: str, protocol: str, queue: str | None,
+                endpoint: str | None) -> types.Subscription | None:
+    for s in await topics.subscriptions_list(conn, pattern=topic, queue=queue):
+        if s.protocol == protocol and s.queue == queue and (queue is not None or s.endpoint == endpoint):
+            return s
+    return None
+
+
+def _same(existing: types.Subscription, spec: types.NewSubscription) -> bool:
+    policy = spec.filter_policy
+    return (existing.raw_delivery == spec.raw_delivery
+            and (existing.filter_policy or None) == (policy or None)
+            and (policy is None or existing.filter_policy_scope == spec.filter_policy_scope)
+            and all(existing.attributes.get(k) == v for k, v in (spec.attributes or {}).items()))
+
+
+def _spec(topic: str, protocol: str, queue: str | None, endpoint: str | None,
+          changes: dict[str, Any]) -> types.NewSubscription:
+    policy = changes.get("filter_policy")
+    return types.NewSubscription(
+        pattern=topic, protocol=protocol, queue=queue, endpoint=endpoint,
+        raw_delivery=changes.get("raw_delivery", False),
+        filter_policy=json.loads(policy) if policy else None,
+        filter_policy_scope=changes.get("filter_policy_scope", "MessageAttributes"),
+        attributes={k: v for k, v in changes.get("attributes", {}).items() if v is not None},
+    )
+
+
+async def subscribe(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    topic = ctx.topic_from_arn(p.get("TopicArn"))
+    protocol = _check_protocol(p.get("Protocol"))
+    queue = endpoint = None
+    if protocol == "sqs":
+        queue = ctx.queue_from_arn(p.get("Endpoint"))
+    else:
+        endpoint = _check_endpoint(protocol, p.get("Endpoint"))
+    changes = _changes(p.get("Attributes") or {})
+    spec = _spec(topic, protocol, queue, endpoint, changes)
+    async with ctx.broker.connection() as conn:
+        found = await topic_actions.get_topic(ctx, conn, topic)
+        await _check_fit(ctx, conn, found, spec)
+        existing = await _find(ctx, conn, topic, protocol, queue, endpoint)
+        if existing is not None:
+            if not _same(existing, spec):
+                raise invalid("Attributes", "Subscription already exists with different attributes")
+            return {"SubscriptionArn": ctx.subscription_arn(existing)}
+        try:
+            created = await topics.subscribe(conn, spec)
+        except errors.QueueNotFound:
+            raise invalid("Endpoint", "the SQS queue does not exist") from None
+    return {"SubscriptionArn": ctx.subscription_arn(created)}
+
+
+async def _check_fit(ctx: Context, conn: Any, topic: types.Topic, spec: types.NewSubscription) -> None:
+    """FIFO topics deliver to SQS queues only; a FIFO queue takes only a FIFO topic."""
+    if topic.fifo and spec.protocol != "sqs":
+        raise invalid("Protocol", f"Invalid protocol type: {spec.protocol}. FIFO topics deliver to SQS queues only")
+    if spec.queue is not None and spec.queue.endswith(".fifo") and not topic.fifo:
+        raise invalid("Endpoint", "FIFO SQS Queues can not be subscribed to standard SNS topics")
+
+
+async def _subscription(ctx: Context, conn: Any, arn: str | None) -> types.Subscription:
+    topic, key = ctx.subscription_from_arn(arn)
+    try:
+        found = await topics.subscription_get(conn, key)
+    except errors.SubscriptionNotFound:
+        found = None
+    return ctx.check_subscription_topic(found, topic)
+
+
+async def unsubscribe(ctx: Context, p: dict[str, Any]) -> None:
+    """Unsubscribing twice succeeds (the subscription is gone either way)."""
+    topic, key = ctx.subscription_from_arn(p.get("SubscriptionArn"))
+    async with ctx.broker.connection() as conn:
+        try:
+            found = await topics.subscription_get(conn, key)
+        except errors.SubscriptionNotFound:
+            return None
+        if found.pattern == topic:
+            await topics.unsubscribe(conn, key)
+    return None
+
+
+def _token_subscription(token: str, subs: list[types.Subscription], ctx: Context) -> types.Subscription | None:
+    for s in subs:
+        if token in (str(s.uuid), ctx.subscription_arn(s)):
+            return s
+    web = [s for s in subs if s.protocol in ("http", "https")]
+    return max(web, key=lambda s: s.id) if web else None
+
+
+async def confirm_subscription(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    topic = ctx.topic_from_arn(p.get("TopicArn"))
+    token = p.get("Token")
+    if not token:
+        raise invalid("Token")
+    async with ctx.broker.connection() as conn:
+        await topic_actions.get_topic(ctx, conn, topic)
+        found = _token_subscription(token, await topics.subscriptions_list(conn, pattern=topic), ctx)
+        if found is None:
+            raise invalid("Token")
+        if not found.confirmed:
+            found = await topics.confirm(conn, found.uuid)
+    return {"SubscriptionArn": ctx.subscription_arn(found)}
+
+
+def _after_id(token: str | None) -> int:
+    raw = topic_actions.decode_token(token)
+    if raw and not raw.isdigit():
+        raise invalid("NextToken")
+    return int(raw or 0)
+
+
+async def _page(ctx: Context, pattern: str | None, token: str | None) -> dict[str, Any]:
+    after = _after_id(token)
+    found: list[types.Subscription] = []
+    async with ctx.broker.connection() as conn:
+        while len(found) <= PAGE:
+            page = await topics.subscriptions_list(conn, pattern=pattern, after_id=after, limit=PAGE * 2)
+            found += [s for s in page if ctx.visible(s.pattern)]
+            if len(page) < PAGE * 2:
+                break
+            after = page[-1].id
+    out: dict[str, Any] = {"Subscriptions": [summary(ctx, s) for s in found[:PAGE]]}
+    if len(found) > PAGE:
+        out["NextToken"] = topic_actions.encode_token(str(found[PAGE - 1].id))
+    return out
+
+
+async def list_subscriptions(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    return await _page(ctx, None, p.get("NextToken"))
+
+
+async def list_subscriptions_by_topic(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    topic = ctx.topic_from_arn(p.get("TopicArn"))
+    async with ctx.broker.connection() as conn:
+        await topic_actions.get_topic(ctx, conn, topic)
+    return await _page(ctx, topic, p.get("NextToken"))
+
+
+async def get_subscription_attributes(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    async with ctx.broker.connection() as conn:
+        found = await _subscription(ctx, conn, p.get("SubscriptionArn"))
+    return {"Attributes": attributes_of(ctx, found)}
+
+
+async def set_subscription_attributes(ctx: Context, p: dict[str, Any]) -> None:
+    name = p.get("AttributeName")
+    if not name:
+        raise invalid("AttributeName")
+    changes = _changes({name: p.get("AttributeValue") or ""}, one=True)
+    async with ctx.broker.connection() as conn:
+        found = await _subscription(ctx, conn, p.get("SubscriptionArn"))
+        try:
+            await topics.subscription_set_attributes(conn, found.uuid, changes)
+        except errors.SubscriptionNotFound:
+            raise not_found(NO_SUBSCRIPTION) from None
+

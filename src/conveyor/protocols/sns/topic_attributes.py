@@ -1,0 +1,121 @@
+"""SNS topic attributes: which ones a client may set, how they are checked, and what
+GetTopicAttributes answers (the computed ones — TopicArn, Owner, Policy, counts,
+EffectiveDeliveryPolicy — plus those stored with the topic).
+
+Stored attributes keep SNS's names and string values. Conveyor keeps and returns the
+policies and the delivery-status settings but does not act on them: access is governed by
+the server's authentication settings, and webhook retries follow Conveyor's own schedule
+(the first try, then 10 s, 30 s, 60 s and 300 s later), which EffectiveDeliveryPolicy states.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from conveyor import types
+from conveyor.protocols.sns.context import Context
+from conveyor.protocols.sns.errors import invalid
+
+_FEEDBACK = [f"{kind}{what}" for kind in ("Application", "HTTP", "Lambda", "SQS", "Firehose")
+             for what in ("SuccessFeedbackRoleArn", "SuccessFeedbackSampleRate", "FailureFeedbackRoleArn")]
+SETTABLE = frozenset({
+    "DeliveryPolicy", "DisplayName", "Policy", "TracingConfig", "KmsMasterKeyId", "SignatureVersion",
+    "ContentBasedDeduplication", "ArchivePolicy", "FifoThroughputScope", "DataProtectionPolicy", *_FEEDBACK,
+})
+CREATE_ONLY = frozenset({"FifoTopic"})
+FIFO_ONLY = frozenset({"ContentBasedDeduplication", "ArchivePolicy", "FifoThroughputScope"})
+JSON_VALUED = frozenset({"DeliveryPolicy", "Policy", "ArchivePolicy", "DataProtectionPolicy"})
+_CHOICES = {
+    "ContentBasedDeduplication": ("true", "false"),
+    "FifoTopic": ("true", "false"),
+    "TracingConfig": ("PassThrough", "Active"),
+    "SignatureVersion": ("2",),
+    "FifoThroughputScope": ("Topic", "MessageGroup"),
+}
+MAX_DISPLAY_NAME = 100
+
+# what the delivery policy of an HTTP(S) subscription amounts to in Conveyor
+EFFECTIVE_DELIVERY_POLICY = json.dumps({
+    "http": {
+        "defaultHealthyRetryPolicy": {
+            "minDelayTarget": 10, "maxDelayTarget": 300, "numRetries": 4, "numMaxDelayRetries": 1,
+            "numNoDelayRetries": 0, "numMinDelayRetries": 1, "backoffFunction": "exponential",
+        },
+        "disableSubscriptionOverrides": False,
+        "defaultRequestPolicy": {"headerContentType": "text/plain; charset=UTF-8"},
+    },
+}, separators=(",", ":"))
+
+
+def check(name: str, value: str, *, fifo: bool, creating: bool) -> None:
+    """One attribute a client wants to set, checked as SNS checks it."""
+    if name not in SETTABLE and not (creating and name in CREATE_ONLY):
+        raise invalid("AttributeName")
+    if name in FIFO_ONLY and not fifo:
+        raise invalid("Attributes", f"{name} is only valid for FIFO topics")
+    if name in _CHOICES and value not in _CHOICES[name]:
+        raise invalid("Attributes", f"Invalid value [{value}] for {name}: must be one of "
+                      f"{', '.join(_CHOICES[name])}")
+    if name in JSON_VALUED and value != "":
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            raise invalid(name, "failed to parse JSON") from None
+        if not isinstance(parsed, dict):
+            raise invalid(name, "must be a JSON object")
+    if name == "DisplayName" and len(value) > MAX_DISPLAY_NAME:
+        raise invalid("Attributes", "DisplayName")
+
+
+def for_create(name: str, given: Mapping[str, str]) -> dict[str, str]:
+    """The attributes of a CreateTopic, checked; the topic's FIFO-ness must agree with its name."""
+    fifo_name = name.endswith(".fifo")
+    fifo = given.get("FifoTopic", "false") == "true"
+    for key, value in given.items():
+        check(key, value, fifo=fifo, creating=True)
+    if fifo != fifo_name:  # SNS's wording for either mismatch
+        raise invalid("Topic Name")
+    return {k: v for k, v in given.items() if k != "FifoTopic" and v != ""}
+
+
+def default_policy(ctx: Context, topic: str) -> str:
+    """The access policy SNS gives a new topic: its owner may do everything."""
+    return json.dumps({
+        "Version": "2008-10-17",
+        "Id": "__default_policy_ID",
+        "Statement": [{
+            "Sid": "__default_statement_ID",
+            "Effect": "Allow",
+            "Principal": {"AWS": "*"},
+            "Action": ["SNS:GetTopicAttributes", "SNS:SetTopicAttributes", "SNS:AddPermission",
+                       "SNS:RemovePermission", "SNS:DeleteTopic", "SNS:Subscribe",
+                       "SNS:ListSubscriptionsByTopic", "SNS:Publish"],
+            "Resource": ctx.topic_arn(topic),
+            "Condition": {"StringEquals": {"AWS:SourceOwner": ctx.account_id}},
+        }],
+    }, separators=(",", ":"))
+
+
+def render(ctx: Context, topic: types.Topic) -> dict[str, str]:
+    """GetTopicAttributes: what SNS returns for a topic."""
+    stored = {k: str(v) for k, v in (topic.attributes or {}).items() if v is not None}
+    out = {
+        "TopicArn": ctx.topic_arn(topic.name),
+        "Owner": ctx.account_id,
+        "Policy": default_policy(ctx, topic.name),
+        "DisplayName": "",
+        "SubscriptionsConfirmed": str(topic.subscriptions),
+        "SubscriptionsPending": "0",
+        "SubscriptionsDeleted": "0",
+        "EffectiveDeliveryPolicy": EFFECTIVE_DELIVERY_POLICY,
+        "SignatureVersion": "2",
+    }
+    if topic.fifo:
+        out["FifoTopic"] = "true"
+        out["ContentBasedDeduplication"] = "false"
+    out.update(stored)
+    return out
+
+
+def content_based_deduplication(topic: types.Topic) -> bool:
+    return str((topic.attributes or {}).get("ContentBasedDeduplication", "false")).lower() == "true"

@@ -1,0 +1,197 @@
+"""The webhook delivery worker: POSTs the topics' HTTP(S) outbox rows to their endpoints.
+
+Each round claims up to ``batch`` due rows (``topics.delivery_claim``: SKIP LOCKED, so any
+number of server processes can run this worker on one database; a claim leases the rows
+for a while, so a process that dies mid-delivery gives them back when the lease ends),
+releases the database connection, POSTs them concurrently, then records the outcomes:
+
+* a 2xx answer deletes the row (``delivery_succeeded``);
+* anything else — another status (redirects are not followed), a timeout, a refused or
+  reset connection, a failed DNS lookup — counts an attempt (``delivery_failed``): the SQL
+  schedules the next one after 10 s, 30 s, 60 s, then 300 s, and keeps the row with its
+  last error once the attempts are used up ("exhausted");
+* a destination the egress allowlist does not allow is never attempted: the row is held
+  with the reason (``delivery_hold``).
+
+The row carries the exact body (raw message or signed envelope, chosen at publish time)
+and SNS's headers; the worker adds ``Content-Type: text/plain; charset=UTF-8`` as SNS does.
+Connections go only to addresses the allowlist checked (see ``egress``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+import ssl
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import aiohttp.abc
+import yarl
+
+from conveyor import errors, types
+from conveyor.core import topics
+from conveyor.db.pool import Database
+from conveyor.server import egress
+from conveyor.server.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; charset=UTF-8"
+USER_AGENT = "Amazon Simple Notification Service Agent"  # what SNS sends; some receivers check it
+MAX_ERROR_BODY = 200  # characters of an error answer kept in last_error
+STATS_INTERVAL = 15.0
+
+
+@dataclass(frozen=True)
+class Config:
+    allowlist: egress.Allowlist
+    timeout: float = 5.0
+    batch: int = 50
+    poll: float = 1.0
+    tls: ssl.SSLContext | None = None  # None: verify HTTPS endpoints against the system's CAs
+
+    @property
+    def lease_seconds(self) -> int:
+        """How long claimed rows stay with this worker: the POSTs run concurrently, so
+        a round takes about one timeout; the margin covers recording the outcomes."""
+        return max(30, math.ceil(self.timeout * 3))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    error: str | None = None
+    held: bool = False
+    seconds: float = 0.0
+
+
+class CheckingResolver(aiohttp.abc.AbstractResolver):
+    """aiohttp's resolver, replaced: resolve, check every address, connect only to those."""
+
+    def __init__(self, allowlist: egress.Allowlist) -> None:
+        self.allowlist = allowlist
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[dict[str, Any]]:
+        found = await egress.resolve(self.allowlist, host, port, family)
+        return [{"hostname": host, "host": r.address, "port": port, "family": r.family, "proto": 0,
+                 "flags": socket.AI_NUMERICHOST} for r in found]
+
+    async def close(self) -> None:
+        return None
+
+
+def session(config: Config) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(resolver=CheckingResolver(config.allowlist), use_dns_cache=False,
+                                     family=socket.AF_UNSPEC, limit=max(config.batch, 1),
+                                     ssl=config.tls if config.tls is not None else True)
+    return aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False,
+                                 timeout=aiohttp.ClientTimeout(total=config.timeout),
+                                 headers={"User-Agent": USER_AGENT})
+
+
+def request_headers(delivery: types.Delivery) -> dict[str, str]:
+    headers = {k: str(v) for k, v in (delivery.headers or {}).items() if k.lower() != "content-type"}
+    headers.setdefault("x-amz-sns-message-id", str(delivery.message_id))
+    headers["Content-Type"] = CONTENT_TYPE
+    return headers
+
+
+async def attempt(http: aiohttp.ClientSession, config: Config, delivery: types.Delivery) -> Outcome:
+    """POST one delivery; never raises."""
+    started = time.perf_counter()
+    try:
+        url = yarl.URL(delivery.endpoint)
+        if url.scheme not in ("http", "https") or not url.host:
+            return Outcome(False, f"not an http(s) URL: {delivery.endpoint}")
+        egress.check_literal(config.allowlist, url.host)
+        async with http.post(url, data=delivery.payload.encode("utf-8"), headers=request_headers(delivery),
+                             allow_redirects=False) as response:
+            text = (await response.content.read(MAX_ERROR_BODY * 4)).decode("utf-8", "replace")
+            elapsed = time.perf_counter() - started
+            if 200 <= response.status < 300:
+                return Outcome(True, seconds=elapsed)
+            return Outcome(False, f"HTTP {response.status}: {text[:MAX_ERROR_BODY]}".rstrip(": "), seconds=elapsed)
+    except egress.Denied as exc:
+        return Outcome(False, str(exc), held=True)
+    except TimeoutError:
+        return Outcome(False, f"timed out after {config.timeout:g} s", seconds=time.perf_counter() - started)
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        return Outcome(False, _describe(exc), seconds=time.perf_counter() - started)
+
+
+def _describe(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc
+    return f"{type(exc).__name__}: {cause}"[:500]
+
+
+async def record(database: Database, metrics: Metrics, claimed: list[types.Delivery],
+                 outcomes: list[Outcome]) -> None:
+    """Store what happened to each claimed delivery."""
+    async with database.connection() as conn:
+        done = [d.id for d, o in zip(claimed, outcomes, strict=True) if o.ok]
+        if done:
+            await topics.delivery_succeeded(conn, done)
+        for delivery, outcome in zip(claimed, outcomes, strict=True):
+            if outcome.ok:
+                continue
+            try:
+                if outcome.held:
+                    await topics.delivery_hold(conn, delivery.id, outcome.error or "not allowed")
+                    metrics.record_delivery_held()
+                    continue
+                after = await topics.delivery_failed(conn, delivery.id, outcome.error or "failed")
+            except errors.DeliveryNotFound:
+                continue  # unsubscribed meanwhile: the row went with its subscription
+            if after.state == "exhausted":
+                metrics.record_delivery_exhausted()
+    for outcome in outcomes:
+        if not outcome.held:
+            metrics.record_delivery_attempt(outcome.ok, outcome.seconds)
+
+
+async def step(database: Database, metrics: Metrics, http: aiohttp.ClientSession, config: Config) -> int:
+    """One round: claim, deliver, record. Returns how many deliveries were claimed."""
+    async with database.connection() as conn:
+        claimed = await topics.delivery_claim(conn, config.batch, config.lease_seconds)
+    if not claimed:
+        return 0
+    outcomes = await asyncio.gather(*(attempt(http, config, d) for d in claimed))
+    await record(database, metrics, claimed, list(outcomes))
+    return len(claimed)
+
+
+async def _stats(database: Database, metrics: Metrics) -> None:
+    async with database.connection() as conn:
+        metrics.set_delivery_states(await topics.deliveries_stats(conn))
+
+
+async def run(database: Database, metrics: Metrics, config: Config) -> None:
+    """Deliver forever: a full batch is followed at once by the next round, anything less
+    by a pause of ``config.poll`` seconds. Failures are logged, not fatal."""
+    loop = asyncio.get_running_loop()
+    next_stats = loop.time()
+    async with session(config) as http:
+        while True:
+            claimed = 0
+            try:
+                claimed = await step(database, metrics, http, config)
+                if loop.time() >= next_stats:
+                    await _stats(database, metrics)
+                    next_stats = loop.time() + STATS_INTERVAL
+            except errors.ConveyorError as exc:
+                log.warning("webhook delivery failed: %s", exc)
+            except Exception:
+                log.exception("webhook delivery failed")
+            if claimed < config.batch:
+                await asyncio.sleep(config.poll)
+
+
+def config_from(allow: Iterable[str], *, timeout: float, batch: int, poll: float) -> Config:
+    return Config(allowlist=egress.Allowlist.parse(allow), timeout=timeout, batch=batch, poll=poll)

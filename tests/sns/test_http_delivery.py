@@ -1,0 +1,155 @@
+"""SNS to HTTP endpoints end to end: a real HTTP server in the test receives signed
+deliveries from the running Conveyor server (its webhook worker), verifies them as an SNS
+subscriber would, fails twice and then succeeds — the attempts visible in /metrics — and
+a destination outside the allowlist is held, never attempted, while Subscribe succeeds.
+
+The server allows loopback 127.0.0.1 only (CONVEYOR_WEBHOOK_ALLOW=127.0.0.1/32). Retries
+are made due at once by moving next_attempt_at in SQL, instead of waiting out 10 s, 30 s."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import httpx
+import psycopg
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding
+
+from support.server import ServerProcess
+from support.sns_clients import metric, sns_client, unique
+
+pytestmark = pytest.mark.slow
+
+
+def verify(envelope: dict[str, str]) -> None:
+    """As an SNS subscriber verifies a message (SignatureVersion 2)."""
+    pem = httpx.get(envelope["SigningCertURL"]).raise_for_status().content
+    key = x509.load_pem_x509_certificate(pem).public_key()
+    names = ["Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"]
+    canonical = "".join(f"{n}\n{envelope[n]}\n" for n in names if n in envelope)
+    key.verify(base64.b64decode(envelope["Signature"]), canonical.encode(), padding.PKCS1v15(), hashes.SHA256())
+
+
+def make_due(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE conveyor.http_deliveries SET next_attempt_at = now() WHERE held_reason IS NULL")
+
+
+def outbox(dsn: str, endpoint: str) -> list[tuple]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT attempt, last_error, held_reason FROM conveyor.http_deliveries "
+                            "WHERE endpoint = %s ORDER BY id", [endpoint]).fetchall()
+
+
+def wait_until(check, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_signed_delivery_fails_twice_then_succeeds(server: ServerProcess, module_dsn, sns, make_topic, endpoint):
+    topic = make_topic()
+    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)["SubscriptionArn"]
+    before = {o: metric(server.url, "queue_delivery_attempts_total", outcome=o) for o in ("success", "failure")}
+    endpoint.statuses = [500, 503]
+    message_id = sns.publish(TopicArn=topic, Message="deliver me", Subject="Hi")["MessageId"]
+
+    endpoint.wait_for(1)
+    wait_until(lambda: outbox(module_dsn, endpoint.url) == [(1, "HTTP 500: try again later", None)])
+    make_due(module_dsn)
+    endpoint.wait_for(2)
+    wait_until(lambda: outbox(module_dsn, endpoint.url) == [(2, "HTTP 503: try again later", None)])
+    make_due(module_dsn)
+    received = endpoint.wait_for(3)
+    wait_until(lambda: outbox(module_dsn, endpoint.url) == [])
+    assert len(received) == 3
+
+    for request in received:  # the same signed envelope each time
+        assert request.path == "/hook"
+        headers = request.headers
+        assert headers["content-type"] == "text/plain; charset=UTF-8"
+        assert headers["x-amz-sns-message-type"] == "Notification"
+        assert headers["x-amz-sns-message-id"] == message_id
+        assert headers["x-amz-sns-topic-arn"] == topic
+        assert headers["x-amz-sns-subscription-arn"] == sub
+        envelope = json.loads(request.body)
+        assert envelope["Type"] == "Notification" and envelope["MessageId"] == message_id
+        assert envelope["Message"] == "deliver me" and envelope["Subject"] == "Hi"
+        assert envelope["TopicArn"] == topic and envelope["UnsubscribeURL"].endswith(sub)
+        verify(envelope)
+    assert received[1].at - received[0].at < 5  # made due by the test, not after 10 s
+
+    wait_until(lambda: metric(server.url, "queue_delivery_attempts_total", outcome="success") >= before["success"] + 1)
+    assert metric(server.url, "queue_delivery_attempts_total", outcome="failure") == before["failure"] + 2
+    assert metric(server.url, "queue_delivery_attempts_total", outcome="success") == before["success"] + 1
+    assert metric(server.url, "queue_delivery_attempt_duration_seconds_count", outcome="failure") >= 2
+    assert metric(server.url, "topic_messages_published_total", topic=topic.rsplit(":", 1)[1]) == 1
+    assert metric(server.url, "topic_fanout_total", topic=topic.rsplit(":", 1)[1], kind="webhook") == 1
+
+
+def test_raw_delivery_and_per_protocol_message(sns, make_topic, endpoint):
+    topic = make_topic()
+    sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url, Attributes={"RawMessageDelivery": "true"})
+    sns.publish(TopicArn=topic, MessageStructure="json",
+                Message=json.dumps({"default": "everyone", "http": "just for http", "sqs": "queues"}))
+    [request] = endpoint.wait_for(1)
+    assert request.body == "just for http"
+    assert request.headers["x-amz-sns-rawdelivery"] == "true"
+    assert request.headers["content-type"] == "text/plain; charset=UTF-8"
+
+
+def test_disallowed_endpoint_is_held_and_never_attempted(server: ServerProcess, module_dsn, sns, make_topic,
+                                                         endpoint):
+    topic = make_topic()
+    outside = endpoint.url.replace("127.0.0.1", "127.0.0.2")  # loopback, but not on the list
+    before = metric(server.url, "queue_delivery_held_total")
+    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=outside)["SubscriptionArn"]  # still succeeds
+    assert sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]["PendingConfirmation"] == "false"
+    sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+    sns.publish(TopicArn=topic, Message="to both")
+    [request] = endpoint.wait_for(1)  # the allowed one arrives
+    assert json.loads(request.body)["Message"] == "to both"
+    wait_until(lambda: outbox(module_dsn, outside) and outbox(module_dsn, outside)[0][2] is not None)
+    [(attempt, last_error, reason)] = outbox(module_dsn, outside)
+    assert attempt == 0 and last_error is None
+    assert reason.startswith("destination 127.0.0.2 is not allowed by CONVEYOR_WEBHOOK_ALLOW")
+    assert metric(server.url, "queue_delivery_held_total") == before + 1
+    time.sleep(0.3)  # a few more worker rounds: still held, still never attempted
+    assert outbox(module_dsn, outside) == [(0, None, reason)]
+    assert all(r.path == "/hook" for r in endpoint.received) and len(endpoint.received) == 1
+
+
+def test_certificate_is_served_and_survives_a_restart(module_dsn, endpoint):
+    """/SimpleNotificationService.pem (open) and /v1/cert (REST, authenticated) serve the
+    stored key's certificate; another server process on the same database serves the same
+    one, and its deliveries verify with it."""
+    first = ServerProcess(module_dsn, env={"CONVEYOR_WEBHOOK_ALLOW": "127.0.0.1/32",
+                                           "CONVEYOR_WEBHOOK_POLL": "0.1"}).start()
+    try:
+        pem = httpx.get(first.url + "/SimpleNotificationService.pem")
+        assert pem.status_code == 200 and pem.text.startswith("-----BEGIN CERTIFICATE-----")
+        x509.load_pem_x509_certificate(pem.content)
+        with first.client() as rest:
+            assert rest.get("/v1/cert").text == pem.text
+        assert httpx.get(first.url + "/v1/cert").status_code == 403  # REST needs credentials
+    finally:
+        first.terminate()
+    second = ServerProcess(module_dsn, env={"CONVEYOR_WEBHOOK_ALLOW": "127.0.0.1/32",
+                                            "CONVEYOR_WEBHOOK_POLL": "0.1"}).start()
+    try:
+        assert httpx.get(second.url + "/SimpleNotificationService.pem").text == pem.text
+        other = sns_client(second.url, "query")
+        topic = other.create_topic(Name=unique())["TopicArn"]
+        other.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+        other.publish(TopicArn=topic, Message="after restart")
+        [request] = endpoint.wait_for(1)
+        envelope = json.loads(request.body)
+        assert envelope["SigningCertURL"] == second.url + "/SimpleNotificationService.pem"
+        verify(envelope)
+    finally:
+        second.terminate()

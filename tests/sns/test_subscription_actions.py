@@ -1,0 +1,180 @@
+"""SNS subscription actions through boto3 in both wire protocols: Subscribe (sqs, http,
+https; attributes; idempotence), Unsubscribe, ConfirmSubscription, ListSubscriptions and
+ListSubscriptionsByTopic (paging), Get/SetSubscriptionAttributes — and SNS's errors."""
+
+from __future__ import annotations
+
+import json
+
+import botocore.exceptions
+import pytest
+
+from support.sns_clients import ACCOUNT, REGION, error_code, sns_client, status_code, unique
+
+pytestmark = pytest.mark.slow
+
+
+def _fails(call, code: str, status: int = 400, message: str | None = None) -> None:
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        call()
+    assert error_code(info.value) == code, info.value.response
+    assert status_code(info.value) == status
+    if message is not None:
+        assert info.value.response["Error"]["Message"] == message
+
+
+def test_subscribe_queue_and_endpoints(sns, make_topic, make_queue):
+    topic = make_topic()
+    _, queue_arn = make_queue()
+    sub_q = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)["SubscriptionArn"]
+    sub_h = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/a")["SubscriptionArn"]
+    sub_s = sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https://hooks.example.com/b",
+                          ReturnSubscriptionArn=True)["SubscriptionArn"]
+    for sub in (sub_q, sub_h, sub_s):  # confirmed at once: an ARN, never "pending confirmation"
+        assert sub.startswith(topic + ":")
+    listed = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+    assert {(s["Protocol"], s["Endpoint"], s["SubscriptionArn"]) for s in listed} == {
+        ("sqs", queue_arn, sub_q), ("http", "http://hooks.example.com/a", sub_h),
+        ("https", "https://hooks.example.com/b", sub_s)}
+    assert all(s["TopicArn"] == topic and s["Owner"] == ACCOUNT for s in listed)
+    attrs = sns.get_topic_attributes(TopicArn=topic)["Attributes"]
+    assert attrs["SubscriptionsConfirmed"] == "3" and attrs["SubscriptionsPending"] == "0"
+
+
+def test_subscribe_is_idempotent_unless_attributes_differ(sns, make_topic, make_queue):
+    topic = make_topic()
+    _, queue_arn = make_queue()
+    first = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
+                          Attributes={"RawMessageDelivery": "true"})["SubscriptionArn"]
+    again = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
+                          Attributes={"RawMessageDelivery": "true"})["SubscriptionArn"]
+    assert again == first
+    policy = json.dumps({"kind": ["a", "b"], "n": [{"numeric": [">", 1]}]})
+    _, other_queue = make_queue()
+    filtered = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=other_queue,
+                             Attributes={"FilterPolicy": policy})["SubscriptionArn"]
+    assert sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=other_queue,
+                         Attributes={"FilterPolicy": policy})["SubscriptionArn"] == filtered
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn), "InvalidParameter",
+           message="Invalid parameter: Attributes Reason: Subscription already exists with different attributes")
+    assert len(sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]) == 2
+
+
+def test_subscribe_errors(sns, make_topic, make_queue):
+    topic = make_topic()
+    missing = f"arn:aws:sns:{REGION}:{ACCOUNT}:{unique()}"
+    _fails(lambda: sns.subscribe(TopicArn=missing, Protocol="http", Endpoint="http://x.example/"), "NotFound", 404)
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="carrier-pigeon", Endpoint="x"), "InvalidParameter",
+           message="Invalid parameter: Amazon SNS does not support this protocol string: carrier-pigeon")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="email", Endpoint="a@example.com"), "InvalidParameter")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="http"), "InvalidParameter",
+           message="Invalid parameter: Endpoint")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="https://x.example/"),
+           "InvalidParameter", message="Invalid parameter: Endpoint must match the specified protocol")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https:///nohost"), "InvalidParameter")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint="http://not-an-arn"), "InvalidParameter",
+           message="Invalid parameter: SQS endpoint ARN")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs",
+                                 Endpoint=f"arn:aws:sqs:{REGION}:{ACCOUNT}:{unique('nope')}"), "InvalidParameter")
+    _, queue_arn = make_queue()
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
+                                 Attributes={"Colour": "blue"}), "InvalidParameter")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
+                                 Attributes={"RawMessageDelivery": "maybe"}), "InvalidParameter")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
+                                 Attributes={"FilterPolicy": "{broken"}), "InvalidParameter")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
+                                 Attributes={"FilterPolicy": '{"a": ["b"]}', "FilterPolicyScope": "Elsewhere"}),
+           "InvalidParameter")
+    fifo = sns.create_topic(Name=unique() + ".fifo", Attributes={"FifoTopic": "true"})["TopicArn"]
+    _fails(lambda: sns.subscribe(TopicArn=fifo, Protocol="https", Endpoint="https://x.example/"),
+           "InvalidParameter")
+    assert sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+
+
+def test_get_and_set_subscription_attributes(sns, make_topic, make_queue):
+    topic = make_topic()
+    sub = sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https://hooks.example.com/x")["SubscriptionArn"]
+    attrs = sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]
+    assert attrs["SubscriptionArn"] == sub and attrs["TopicArn"] == topic and attrs["Protocol"] == "https"
+    assert attrs["Endpoint"] == "https://hooks.example.com/x" and attrs["Owner"] == ACCOUNT
+    assert attrs["PendingConfirmation"] == "false" and attrs["ConfirmationWasAuthenticated"] == "true"
+    assert attrs["RawMessageDelivery"] == "false"
+    assert json.loads(attrs["EffectiveDeliveryPolicy"])["http"]["defaultHealthyRetryPolicy"]["numRetries"] == 4
+    assert "FilterPolicy" not in attrs
+
+    policy = {"store": ["example_corp"], "price": [{"numeric": [">=", 100]}]}
+    for name, value in [("RawMessageDelivery", "true"), ("FilterPolicy", json.dumps(policy)),
+                        ("FilterPolicyScope", "MessageBody"), ("DeliveryPolicy", '{"healthyRetryPolicy": {}}'),
+                        ("RedrivePolicy", f'{{"deadLetterTargetArn": "arn:aws:sqs:{REGION}:{ACCOUNT}:dlq"}}')]:
+        sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName=name, AttributeValue=value)
+    attrs = sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]
+    assert attrs["RawMessageDelivery"] == "true" and json.loads(attrs["FilterPolicy"]) == policy
+    assert attrs["FilterPolicyScope"] == "MessageBody"
+    assert attrs["DeliveryPolicy"] == '{"healthyRetryPolicy": {}}' and "dlq" in attrs["RedrivePolicy"]
+
+    _fails(lambda: sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName="Colour", AttributeValue="x"),
+           "InvalidParameter", message="Invalid parameter: AttributeName")
+    _fails(lambda: sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName="RawMessageDelivery",
+                                                   AttributeValue="yes"), "InvalidParameter")
+    _fails(lambda: sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName="FilterPolicy",
+                                                   AttributeValue='{"a": [{"numeric": ["<>", 1]}]}'),
+           "InvalidParameter")
+    _fails(lambda: sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName="FilterPolicyScope",
+                                                   AttributeValue="Nowhere"), "InvalidParameter")
+
+
+def test_subscription_not_found_and_malformed_arns(sns, make_topic):
+    topic = make_topic()
+    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/")["SubscriptionArn"]
+    unknown = f"{topic}:00000000-0000-4000-8000-000000000000"
+    _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=unknown), "NotFound", 404,
+           "Subscription does not exist")
+    other_topic = sub.replace(topic, make_topic())  # the right id under the wrong topic
+    _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=other_topic), "NotFound", 404)
+    _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=f"{topic}:not-a-uuid"), "InvalidParameter",
+           message="Invalid parameter: SubscriptionArn")
+    _fails(lambda: sns.set_subscription_attributes(SubscriptionArn="arn:nope", AttributeName="RawMessageDelivery",
+                                                   AttributeValue="true"), "InvalidParameter")
+    _fails(lambda: sns.unsubscribe(SubscriptionArn="pending confirmation"), "InvalidParameter")
+
+
+def test_unsubscribe_and_confirm(sns, make_topic, make_queue):
+    topic = make_topic()
+    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/c")["SubscriptionArn"]
+    # Conveyor sends no SubscriptionConfirmation: any token confirms the topic's newest HTTP(S)
+    # subscription, a token naming a subscription (its id or ARN) that one
+    assert sns.confirm_subscription(TopicArn=topic, Token="whatever")["SubscriptionArn"] == sub
+    assert sns.confirm_subscription(TopicArn=topic, Token=sub.rsplit(":", 1)[1])["SubscriptionArn"] == sub
+    _, queue_arn = make_queue()
+    sub_q = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)["SubscriptionArn"]
+    assert sns.confirm_subscription(TopicArn=topic, Token=sub_q)["SubscriptionArn"] == sub_q
+    missing = f"arn:aws:sns:{REGION}:{ACCOUNT}:{unique()}"
+    _fails(lambda: sns.confirm_subscription(TopicArn=missing, Token="t"), "NotFound", 404)
+
+    sns.unsubscribe(SubscriptionArn=sub)
+    sns.unsubscribe(SubscriptionArn=sub)  # again: still fine
+    assert [s["SubscriptionArn"] for s in sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]] == [sub_q]
+    _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=sub), "NotFound", 404)
+    empty = make_topic()
+    _fails(lambda: sns.confirm_subscription(TopicArn=empty, Token="t"), "InvalidParameter",
+           message="Invalid parameter: Token")
+
+
+def test_list_subscriptions_pages_of_100(server, protocol):
+    region = f"xx-subs-{protocol}"  # only this test's subscriptions live in this region
+    sns = sns_client(server.url, protocol, region=region)
+    topic = sns.create_topic(Name=unique())["TopicArn"]
+    arns = [sns.subscribe(TopicArn=topic, Protocol="https", Endpoint=f"https://hooks.example.com/{i}")[
+        "SubscriptionArn"] for i in range(102)]
+    first = sns.list_subscriptions()
+    assert len(first["Subscriptions"]) == 100 and first["NextToken"]
+    second = sns.list_subscriptions(NextToken=first["NextToken"])
+    assert [s["SubscriptionArn"] for s in first["Subscriptions"] + second["Subscriptions"]] == arns
+    assert "NextToken" not in second
+    by_topic = [s for p in sns.get_paginator("list_subscriptions_by_topic").paginate(TopicArn=topic)
+                for s in p["Subscriptions"]]
+    assert [s["SubscriptionArn"] for s in by_topic] == arns
+    _fails(lambda: sns.list_subscriptions(NextToken="abc"), "InvalidParameter")
+    default = sns_client(server.url, protocol)
+    assert not set(arns) & {s["SubscriptionArn"] for s in default.list_subscriptions()["Subscriptions"]}
