@@ -52,6 +52,9 @@ def _register() -> None:
     cli.add_command(streams.streams)
     cli.add_command(topics.topics)
     cli.add_command(schedules.schedules)
+    from conveyor.cli import pipeline  # the jobs import PySpark only when they run
+
+    cli.add_command(pipeline.pipeline)
 
 
 def main() -> None:

@@ -1,0 +1,140 @@
+"""``conveyor pipeline``: the Spark jobs — ``archive`` (a stream or a queue's archive into
+a Delta table, exactly once) and ``report`` (HTML with charts, and JSON, from the
+archived data). Both take ``--master`` and Spark settings (``--conf key=value``) and
+print progress on stderr. Needs the ``pipeline`` extra (PySpark, Java 17)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from conveyor import errors
+from conveyor.cli import context, output
+
+_master = click.option("--master", default="local[*]", show_default=True, metavar="URL",
+                       help="Spark master: local[N], spark://host:7077, yarn, k8s://... .")
+_conf = click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE",
+                     help="A Spark setting, passed through (repeatable), e.g. spark.executor.memory=4g.")
+
+
+def _modules() -> Any:
+    try:
+        from conveyor.pipeline import archive, render, report, session
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the pipeline needs the 'pipeline' extra (pip install 'conveyor[pipeline]'): {exc}") from None
+    return archive, render, report, session
+
+
+def _spark(session: Any, master: str, conf: tuple[str, ...]) -> Any:
+    try:
+        settings = session.parse_conf(conf)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--conf") from None
+    output.note(f"starting Spark ({master})")
+    return session.build(master, settings)
+
+
+@click.group()
+def pipeline() -> None:
+    """Spark jobs over queues and streams: archive into a lake, report on it."""
+
+
+@pipeline.command()
+@click.option("--stream", metavar="NAME", help="Archive this stream (read as its own consumer).")
+@click.option("--queue", metavar="NAME", help="Archive this queue's archive (completed and failed messages).")
+@click.option("--path", "path", required=True, type=click.Path(path_type=Path), metavar="DIR",
+              help="The Delta table to append to (created if missing), partitioned by date.")
+@click.option("--consumer", default="conveyor-archive", show_default=True, metavar="NAME",
+              help="The stream consumer the archive reads as.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), metavar="DIR",
+              help="Spark checkpoint (default: DIR/_checkpoint, beside the data).")
+@click.option("--once", is_flag=True, help="Archive everything available now, then stop (default: continuous).")
+@click.option("--interval", default=10.0, show_default=True, metavar="SECONDS",
+              help="Continuous mode: seconds between micro-batches.")
+@click.option("--from", "start", type=click.Choice(["latest", "earliest"]),
+              help="Where a new consumer or archive export starts (stream default: latest; "
+                   "queue archive default: earliest).")
+@click.option("--max-events", default=100_000, show_default=True, metavar="N",
+              help="At most about N events per micro-batch (streams).")
+@click.option("--partitions", default=4, show_default=True, metavar="N", help="Spark partitions per micro-batch.")
+@_master
+@_conf
+@output.json_option
+@click.pass_obj
+def archive(obj: Any, stream: str | None, queue: str | None, path: Path, consumer: str, checkpoint: Path | None,
+            once: bool, interval: float, start: str | None, max_events: int, partitions: int, master: str,
+            conf: tuple[str, ...]) -> None:
+    """Archive a stream or a queue's archive into a Delta table, exactly once.
+
+    Incremental: each run goes on where the last one stopped (the checkpoint). Every
+    micro-batch is one atomic Delta commit, so any reader (Spark, DuckDB, pyarrow) sees
+    each event once, even after a crash."""
+    if (stream is None) == (queue is None):
+        raise click.UsageError("give exactly one of --stream and --queue")
+    archive_mod, _, _, session = _modules()
+    stop = threading.Event()
+    with context.database_url(obj.settings()) as dsn:
+        try:
+            job = archive_mod.ArchiveJob(
+                dsn=dsn, path=path, stream=stream, queue=queue, consumer=consumer, checkpoint=checkpoint,
+                once=once, interval=interval, starting_position=start, max_events=max_events,
+                partitions=partitions)
+        except errors.ConveyorError as exc:
+            raise click.UsageError(exc.message) from None
+        spark = _spark(session, master, conf)
+        if not once:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+            output.note("archiving continuously; Ctrl-C stops after the current micro-batch")
+        try:
+            result = archive_mod.run(spark, job, progress=output.note, stop=stop)
+        except errors.ConveyorError as exc:
+            raise click.ClickException(exc.message) from None
+        finally:
+            spark.stop()
+    output.emit(
+        {"source": job.source, "path": str(path), "batches": result.batches, "rows": result.rows,
+         "replayed_batches_skipped": result.skipped, "seconds": round(result.seconds, 3),
+         "table_version": result.table_version, "end_offset": result.end_offset},
+        obj.as_json,
+        f"archived {result.rows:,} rows of {job.source} in {result.batches} micro-batch(es) "
+        f"({result.seconds:.1f}s) into {path} (table version {result.table_version})")
+
+
+@pipeline.command()
+@click.argument("lake", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--out", required=True, type=click.Path(path_type=Path), metavar="DIR",
+              help="Where report.html, report.json and the charts go.")
+@click.option("--dead-letters/--no-dead-letters", default=True, show_default=True,
+              help="Count streams' dead letters from the database (needs --database-url / DATABASE_URL).")
+@_master
+@_conf
+@output.json_option
+@click.pass_obj
+def report(obj: Any, lake: tuple[Path, ...], out: Path, dead_letters: bool, master: str,
+           conf: tuple[str, ...]) -> None:
+    """Report on archived data: throughput per minute, latency percentiles, retries and
+    dead letters per queue and stream.
+
+    LAKE: Delta tables written by `conveyor pipeline archive`, or directories of them."""
+    _, render, report_mod, session = _modules()
+    settings = obj.settings()
+    dsn = settings.database_url if dead_letters else None
+    spark = _spark(session, master, conf)
+    try:
+        figures = report_mod.build(spark, list(lake), dsn=dsn, progress=output.note)
+    except errors.ConveyorError as exc:
+        raise click.ClickException(exc.message) from None
+    finally:
+        spark.stop()
+    output.note("writing the report")
+    files = render.write(figures, out)
+    output.emit(figures.to_json() | {"files": {k: str(v) for k, v in files.items()}}, obj.as_json,
+                lambda: "\n".join([f"report: {files['html']}", f"figures: {files['json']}", *(
+                    f"{s.kind} {s.name}: {s.messages:,} total, p50 {s.latency_ms.get('p50', '-')} ms, "
+                    f"p99 {s.latency_ms.get('p99', '-')} ms" for s in figures.sources)]))

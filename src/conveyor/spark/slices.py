@@ -1,0 +1,122 @@
+"""Splitting a read into Spark partitions, and reading one partition.
+
+A ``Slice`` is one input partition: a named query (or a stream cursor) over an id range
+``[min_id, max_id)``. The first slice of a read is open below and the last open above,
+so the slices cover every row whatever the split; the split only spreads the work.
+Slices are planned on the driver and read on executors, each with its own connection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from conveyor import errors
+from conveyor.db import sync
+from conveyor.spark import rows
+from conveyor.spark.options import Options
+
+
+class Slice(InputPartition):
+    """One partition: ``query`` (a named query, or ``"events"`` for the stream cursor)
+    with its parameters, read as the rows of ``name`` (the queue or stream column)."""
+
+    def __init__(self, query: str, name: str, params: Mapping[str, Any]) -> None:
+        super().__init__(dict(params))
+        self.query = query
+        self.name = name
+        self.params = dict(params)
+
+    def __repr__(self) -> str:
+        return f"Slice({self.query}, {self.name}, {self.params})"
+
+
+def split(low: int | None, high: int | None, n: int) -> list[tuple[int | None, int | None]]:
+    """``n`` ranges over [low, high] (fewer when it is small), the first open below and the
+    last open above."""
+    if low is None or high is None or high < low:
+        return [(None, None)]
+    n = max(1, min(n, high - low + 1))
+    step = math.ceil((high - low + 1) / n)
+    edges: list[int | None] = [None, *(low + i * step for i in range(1, n)), None]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _slices(query: str, name: str, params: Mapping[str, Any], low: int | None, high: int | None,
+            n: int) -> list[Slice]:
+    return [Slice(query, name, {**params, "min_id": a, "max_id": b}) for a, b in split(low, high, n)]
+
+
+def event_slices(options: Options, consumer: str | None, from_tick: int, to_tick: int,
+                 first_seq: int, last_seq: int) -> list[Slice]:
+    """The events between two ticks. Their ids lie mostly in (first_seq, last_seq]: a
+    transaction in progress at the first tick may commit a smaller id later, which the
+    open first slice takes."""
+    if from_tick == to_tick:
+        return []
+    params = {"stream": options.stream, "consumer": consumer, "from_tick": from_tick, "to_tick": to_tick}
+    return _slices("events", str(options.stream), params, first_seq + 1, last_seq, options.partitions)
+
+
+def archive_slices(options: Options, from_mark: int, to_mark: int) -> list[Slice]:
+    """The archive rows of a queue between two marks (mark 0: the beginning)."""
+    if from_mark == to_mark:
+        return []
+    params = {"queue": options.queue, "from_mark": from_mark, "to_mark": to_mark}
+    with sync.connect(options.dsn) as conn:
+        low, high, _ = sync.fetch_one(conn, "pipeline_archive_bounds", params) or (None, None, 0)
+    return _slices("pipeline_archive_range", str(options.queue), params, low, high, options.partitions)
+
+
+def plan(options: Options) -> list[Slice]:
+    """The partitions of a batch read (the whole of what the options name)."""
+    with sync.connect(options.dsn) as conn:
+        if options.stream is not None:
+            return _plan_stream(conn, options)
+        return _plan_queue(conn, options)
+
+
+def _plan_stream(conn: sync.Connection, options: Options) -> list[Slice]:
+    stream = str(options.stream)
+    sync.fetch_one(conn, "stream_get", {"name": stream})  # StreamNotFound
+    if options.kind == "dead_letters":
+        low, high, _ = sync.fetch_one(conn, "pipeline_stream_dead_letters_bounds", {"stream": stream})
+        return _slices("pipeline_stream_dead_letters_range", stream, {"stream": stream}, low, high,
+                       options.partitions)
+    first_tick, first_seq, last_tick, last_seq = sync.fetch_one(conn, "pipeline_stream_range", {
+        "stream": stream, "from_tick": options.from_tick, "to_tick": options.to_tick})
+    return event_slices(options, options.consumer, first_tick, last_tick, first_seq, last_seq)
+
+
+def _plan_queue(conn: sync.Connection, options: Options) -> list[Slice]:
+    queue = str(options.queue)
+    info = sync.fetch_record(conn, "queue_get", {"name": queue})  # QueueNotFound
+    assert info is not None
+    if options.kind == "archive":
+        low, high, _ = sync.fetch_one(conn, "pipeline_archive_all_bounds", {"queue": queue})
+        return _slices("pipeline_archive_all_range", queue, {"queue": queue}, low, high, options.partitions)
+    name, source = queue, None
+    if options.kind == "dead_letters":
+        if info["dead_letter_queue"] is None:
+            raise errors.InvalidInput(
+                f"queue {queue!r} has no dead-letter queue: its failed messages are in its archive "
+                "(kind=archive, outcome 'failed')")
+        name, source = info["dead_letter_queue"], queue
+    params = {"queue": name, "source": source}
+    low, high, _ = sync.fetch_one(conn, "pipeline_messages_bounds", params)
+    return _slices("pipeline_messages_range", name, params, low, high, options.partitions)
+
+
+def read(options: Options, part: Slice) -> Iterator[pa.RecordBatch]:
+    """The rows of one partition as Arrow record batches (a connection of its own)."""
+    with sync.connect(options.dsn) as conn:
+        if part.query == "events":
+            batches = sync.cursor_batches(conn, "pipeline_stream_open", "pipeline_stream_fetch", part.params)
+        else:
+            batches = sync.fetch_batches(conn, part.query, part.params)
+        for chunk in batches:
+            yield rows.to_batch(options.fields, part.name, chunk)
