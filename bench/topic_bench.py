@@ -10,6 +10,8 @@ Rows, each measured in this one run against the same PostgreSQL:
       sns publish (http)                    SNS Publish (Query protocol) to `conveyor
                                             serve` from --clients concurrent connections;
                                             the server signs each envelope (RSA-2048)
+      moto sns publish                      the same requests to moto_server (the peer:
+                                            an in-memory SNS with SQS fan-out)
       sql topic_publish                     conveyor.core.topics.publish (the SQL function
                                             conveyor.topic_publish) from --clients psycopg
                                             connections, envelopes unsigned
@@ -39,7 +41,9 @@ import aiohttp
 import psycopg
 from aiohttp import web
 
+import boto3
 from queue_bench import Cell, Server, fresh_database, run_clients
+from sqs_bench import start_moto
 
 from conveyor import types
 from conveyor.core import topics
@@ -48,6 +52,9 @@ BODY = "x" * 100
 ACCOUNT = "000000000000"
 FANOUTS = (1, 10, 100)
 URLS = types.TopicUrls()
+# an (unsigned) SigV4 credential scope: moto_server routes a request to a service by it
+AUTH = {"Authorization": "AWS4-HMAC-SHA256 Credential=bench/20260101/us-east-1/sns/aws4_request, "
+                         "SignedHeaders=host, Signature=0"}
 DELIVERY_LIMIT = 120.0
 
 
@@ -61,15 +68,27 @@ async def setup_topic(dsn: str, topic: str, fanout: int) -> None:
             await topics.subscribe(conn, types.NewSubscription(pattern=topic, protocol="sqs", queue=queue))
 
 
-async def sns_cell(url: str, topic: str, clients: int, seconds: float, max_ops: int) -> Cell:
-    form = {"Action": "Publish", "Version": "2010-03-31", "Message": BODY,
-            "TopicArn": f"arn:aws:sns:us-east-1:{ACCOUNT}:{topic}"}
+def setup_moto_topic(url: str, topic: str, fanout: int) -> str:
+    """The same topic and queues on moto_server, made through boto3; the topic's ARN."""
+    session = boto3.session.Session(aws_access_key_id="bench", aws_secret_access_key="bench",
+                                    region_name="us-east-1")
+    sns, sqs = session.client("sns", endpoint_url=url), session.client("sqs", endpoint_url=url)
+    arn = sns.create_topic(Name=topic)["TopicArn"]
+    for i in range(fanout):
+        queue_url = sqs.create_queue(QueueName=f"{topic}_q{i}")["QueueUrl"]
+        queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        sns.subscribe(TopicArn=arn, Protocol="sqs", Endpoint=queue_arn)
+    return arn
+
+
+async def sns_cell(url: str, arn: str, clients: int, seconds: float, max_ops: int) -> Cell:
+    form = {"Action": "Publish", "Version": "2010-03-31", "Message": BODY, "TopicArn": arn}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def make(_: int) -> Callable[[], Awaitable[bool]]:
             async def op() -> bool:
-                async with session.post(url + "/", data=form) as r:
+                async with session.post(url + "/", data=form, headers=AUTH) as r:
                     text = await r.text()
-                    assert r.status == 200, text
+                    assert r.status == 200 and "<PublishResponse" in text, text
                 return True
             return op
         return await run_clients(clients, seconds, max_ops, make)
@@ -146,15 +165,21 @@ async def delivery_rate(dsn: str, deliveries: int, batch: int) -> tuple[float, f
 async def main(args: argparse.Namespace) -> None:
     dsn = await fresh_database("conveyor_topic_bench")
     server = Server(dsn, True, CONVEYOR_WEBHOOK_ALLOW="none")
+    moto = start_moto()
     rows: list[tuple[str, int, Cell]] = []
     try:
         await server.wait_ready()
+        moto.wait_ready("/moto-api/")
         for fanout in FANOUTS:
             topic = f"bench_{fanout}"
             await setup_topic(dsn, topic, fanout)
-            await sns_cell(server.url, topic, args.clients, 0.5, 1000)  # warm up: key loaded, pool open
-            runs = {"sns publish (http)": lambda t=topic: sns_cell(server.url, t, args.clients, args.seconds,
-                                                                    args.max_publishes),
+            arn = f"arn:aws:sns:us-east-1:{ACCOUNT}:{topic}"
+            moto_arn = setup_moto_topic(moto.url, topic, fanout)
+            await sns_cell(server.url, arn, args.clients, 0.5, 1000)  # warm up: key loaded, pool open
+            runs = {"sns publish (http)": lambda a=arn: sns_cell(server.url, a, args.clients, args.seconds,
+                                                                  args.max_publishes),
+                    "moto sns publish": lambda a=moto_arn: sns_cell(moto.url, a, args.clients, args.seconds,
+                                                                     args.max_publishes),
                     "sql topic_publish": lambda t=topic: sql_cell(dsn, t, args.clients, args.seconds,
                                                                    args.max_publishes)}
             for label, run in runs.items():
@@ -164,6 +189,7 @@ async def main(args: argparse.Namespace) -> None:
                       f"{cell.rate * fanout:9.0f} messages landed/s", flush=True)
     finally:
         server.stop()
+        moto.stop()
     rates = []
     for _ in range(args.repeat):
         rate, elapsed, delivered = await delivery_rate(await fresh_database("conveyor_topic_bench_hooks"),
