@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import io
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,23 +31,12 @@ import psycopg
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from psycopg import conninfo
 
-from conveyor.db import migrate
+from queue_bench import fresh_database
 
-ADMIN_DSN = os.environ.get("CONVEYOR_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 STREAM = "bench"
 PAYLOAD = "x" * 100
 
-
-async def fresh_database(name: str) -> str:
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = conninfo.make_conninfo(ADMIN_DSN, dbname=name)
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await migrate.migrate(conn)
-    return dsn
 
 
 def fill(dsn: str, rows: int) -> None:

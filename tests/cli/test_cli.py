@@ -13,34 +13,12 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from conveyor.cli import main, output
+from conveyor.cli import output
+from support.cli import CLI, failed, ok, ok_json, run
 
-main._register()
-CLI = main.cli
 ENTRY_POINT = str(Path(sys.executable).with_name("conveyor"))
 # nothing listens there: commands that must not touch a database get this one
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nowhere"
-
-
-def run(dsn: str, *args: str, input: str | None = None) -> Result:
-    return CliRunner().invoke(CLI, ["--database-url", dsn, *args], input=input, prog_name="conveyor")
-
-
-def ok(result: Result) -> str:
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result.stdout
-
-
-def ok_json(result: Result) -> object:
-    return json.loads(ok(result))
-
-
-def failed(result: Result, code: int = 1) -> str:
-    """The command failed cleanly (a click error, not a crash); returns its stderr."""
-    assert result.exit_code == code, result.output
-    assert isinstance(result.exception, SystemExit), result.exception  # no stray exception
-    assert "Traceback" not in result.output
-    return result.stderr
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()):

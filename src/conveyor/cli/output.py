@@ -58,6 +58,12 @@ def print_json(value: Any) -> None:
     click.echo(json.dumps(to_data(value), default=_json_default, indent=2, ensure_ascii=False))
 
 
+def confirm(question: str, yes: bool) -> None:
+    """Abort (exit 1) unless --yes was given or the user agrees."""
+    if not yes:
+        click.confirm(question, abort=True, err=True)
+
+
 def note(message: str) -> None:
     """A remark for the person at the terminal, kept off stdout."""
     click.echo(message, err=True)

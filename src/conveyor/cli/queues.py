@@ -175,11 +175,6 @@ def alter(obj, name: str, clear_redrive: bool, **options: Any) -> None:  # noqa:
     _emit_queue(obj, q)
 
 
-def _confirmed(question: str, yes: bool) -> None:
-    """Abort (exit 1) unless --yes was given or the user agrees."""
-    if not yes:
-        click.confirm(question, abort=True, err=True)
-
 
 @queues.command()
 @click.argument("name")
@@ -191,7 +186,7 @@ def delete(obj, name: str, yes: bool) -> None:  # noqa: ANN001
 
     async def action(conn: Any) -> bool:
         await ops.get(conn, name)  # fails for an unknown queue before asking anything
-        _confirmed(f"Delete queue {name!r} and all its messages?", yes)
+        output.confirm(f"Delete queue {name!r} and all its messages?", yes)
         return await ops.drop(conn, name)
 
     if not context.run(obj.settings(), action):
@@ -211,7 +206,7 @@ def purge(obj, name: str, yes: bool) -> None:  # noqa: ANN001
 
     async def action(conn: Any) -> int:
         await ops.get(conn, name)
-        _confirmed(f"Delete all messages of queue {name!r}?", yes)
+        output.confirm(f"Delete all messages of queue {name!r}?", yes)
         return await ops.purge(conn, name)
 
     n = context.run(obj.settings(), action)

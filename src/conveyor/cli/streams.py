@@ -185,11 +185,6 @@ def _consumer_rows(found: list[types.ConsumerStats], name: str) -> list[types.Co
     return [c for c in found if c.stream == name]
 
 
-def _confirmed(question: str, yes: bool) -> None:
-    """Abort (exit 1) unless --yes was given or the user agrees."""
-    if not yes:
-        click.confirm(question, abort=True, err=True)
-
 
 def _read_payload(payload: str | None) -> str:
     if payload is not None and payload != "-":
@@ -288,7 +283,7 @@ def drop(obj, name: str, yes: bool) -> None:  # noqa: ANN001
 
     async def action(conn: Any) -> bool:
         await ops.get(conn, name)  # fails for an unknown stream before asking anything
-        _confirmed(f"Drop stream {name!r} with all its events and consumers?", yes)
+        output.confirm(f"Drop stream {name!r} with all its events and consumers?", yes)
         return await ops.drop(conn, name)
 
     if not context.run(obj.settings(), action):
@@ -479,7 +474,7 @@ def purge_dead_letters(obj, name: str, older_than: int, yes: bool) -> None:  # n
     async def action(conn: Any) -> int:
         await ops.get(conn, name)
         which = f"older than {output.duration(older_than)} " if older_than else ""
-        _confirmed(f"Delete the dead letters {which}of stream {name!r}?", yes)
+        output.confirm(f"Delete the dead letters {which}of stream {name!r}?", yes)
         return await ops.purge_dead_letters(conn, name, dt.timedelta(seconds=older_than))
 
     n = context.run(obj.settings(), action)

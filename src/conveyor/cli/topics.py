@@ -70,10 +70,6 @@ def _read_message(message: str | None) -> str:
     return sys.stdin.read()
 
 
-def _confirmed(question: str, yes: bool) -> None:
-    if not yes:
-        click.confirm(question, abort=True, err=True)
-
 
 def _topic_pairs(t: types.Topic) -> list[tuple[str, Any]]:
     pairs: list[tuple[str, Any]] = [("name", t.name), ("fifo", t.fifo), ("subscriptions", t.subscriptions),
@@ -153,7 +149,7 @@ def delete(obj, name: str, yes: bool) -> None:  # noqa: ANN001
 
     async def action(conn: Any) -> bool:
         t = await ops.get(conn, name)  # fails for an unknown topic before asking anything
-        _confirmed(f"Delete topic {name!r} and its {t.subscriptions} subscription(s)?", yes)
+        output.confirm(f"Delete topic {name!r} and its {t.subscriptions} subscription(s)?", yes)
         return await ops.delete(conn, name)
 
     if not context.run(obj.settings(), action):

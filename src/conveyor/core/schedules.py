@@ -27,7 +27,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import orjson
 
 from conveyor import errors, types
 from conveyor.core import messages, schedule_expr, topics
@@ -211,16 +210,6 @@ def _outgoing(s: types.Schedule, scheduled_for: dt.datetime, out_of_band: bool) 
         dedup_id=_dedup_id(s, scheduled_for, out_of_band) if fifo else None)
 
 
-def _attribute(value: Any) -> dict[str, str]:
-    """A header as an SNS message attribute, as the REST events API converts them."""
-    if isinstance(value, str):
-        return {"DataType": "String", "StringValue": value}
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return {"DataType": "Number", "StringValue": orjson.dumps(value).decode()}
-    if isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
-        return {"DataType": "String.Array", "StringValue": orjson.dumps(value).decode()}
-    return {"DataType": "String", "StringValue": orjson.dumps(value).decode()}
-
 
 def _publication(s: types.Schedule, scheduled_for: dt.datetime, out_of_band: bool) -> types.Publication:
     """A topic target's message: the headers become message attributes, ``_schedule`` a
@@ -228,7 +217,7 @@ def _publication(s: types.Schedule, scheduled_for: dt.datetime, out_of_band: boo
     fifo = s.target.endswith(".fifo")
     return types.Publication(
         body=s.body, content_type=s.content_type,
-        attributes={k: _attribute(v) for k, v in _headers(s, scheduled_for, out_of_band).items()},
+        attributes={k: topics.header_attribute(v) for k, v in _headers(s, scheduled_for, out_of_band).items()},
         group_id=(s.group_id or s.name) if fifo else s.group_id,
         dedup_id=_dedup_id(s, scheduled_for, out_of_band) if fifo else None)
 

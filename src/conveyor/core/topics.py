@@ -15,10 +15,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
+import orjson
+
 from conveyor import errors, types
-from conveyor.settings import Settings
 from conveyor.core import filter_policy, signing
 from conveyor.db import execute as db
+from conveyor.settings import Settings
 
 Connection = db.Connection
 
@@ -197,6 +199,19 @@ def publish_message(routing_key: str, publication: types.Publication, *, signer:
                 protocol: signer.sign(envelope_fields(routing_key, publication, message_id, ts, urls, body))
                 for protocol, body in publication.bodies.items()}
     return {k: v for k, v in message.items() if v is not None}
+
+
+def header_attribute(value: Any) -> dict[str, str]:
+    """A header value (REST, schedules) as an SNS message attribute: a string as String, a
+    number as Number, a list of strings and numbers as String.Array, anything else as its
+    JSON text."""
+    if isinstance(value, str):
+        return {"DataType": "String", "StringValue": value}
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {"DataType": "Number", "StringValue": orjson.dumps(value).decode()}
+    if isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        return {"DataType": "String.Array", "StringValue": orjson.dumps(value).decode()}
+    return {"DataType": "String", "StringValue": orjson.dumps(value).decode()}
 
 
 def urls(settings: Settings, base_url: str | None = None) -> types.TopicUrls:

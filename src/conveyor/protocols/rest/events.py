@@ -34,21 +34,12 @@ def subscription(s: types.Subscription) -> dict[str, Any]:
     }
 
 
-def _attribute(value: Any) -> dict[str, str]:
-    if isinstance(value, str):
-        return {"DataType": "String", "StringValue": value}
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return {"DataType": "Number", "StringValue": orjson.dumps(value).decode()}
-    if isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
-        return {"DataType": "String.Array", "StringValue": orjson.dumps(value).decode()}
-    return {"DataType": "String", "StringValue": orjson.dumps(value).decode()}
-
 
 def attributes(headers: Mapping[str, Any] | None) -> dict[str, dict[str, str]] | None:
     """REST headers as SNS-typed message attributes."""
     if not headers:
         return None
-    return {name: _attribute(value) for name, value in headers.items()}
+    return {name: topics.header_attribute(value) for name, value in headers.items()}
 
 
 def publication(spec: models.PublishIn) -> types.Publication:
