@@ -35,7 +35,9 @@ class Context:
 @click.version_option(conveyor.__version__, prog_name="conveyor")
 @click.pass_context
 def cli(ctx: click.Context, database_url: str | None, data_dir: str | None, as_json: bool) -> None:
-    """Conveyor: a PostgreSQL-native message broker (SQS-style queues over REST and SQL)."""
+    """Conveyor: a PostgreSQL-native message broker. Queues, topics and event streams
+    stored in PostgreSQL, over the SQS and SNS wire protocols, REST and SQL; schedules;
+    a Spark data pipeline."""
     ctx.obj = Context(database_url, data_dir, as_json)
 
 

@@ -22,7 +22,8 @@ log = logging.getLogger("conveyor.serve")
               type=click.Choice(["critical", "error", "warning", "info", "debug"]), help="Log level.")
 @click.pass_obj
 def serve(obj, host, port, auth_mode, fusion, migrate, log_level) -> None:  # noqa: ANN001
-    """Run the server (REST API, health, metrics) until SIGTERM or Ctrl-C.
+    """Run the server (SQS, SNS, REST, health, metrics; the stream ticker, scheduler and
+    webhook deliveries) until SIGTERM or Ctrl-C.
 
     Without DATABASE_URL it starts (and on exit stops) Conveyor's embedded PostgreSQL."""
     from conveyor.server import run
