@@ -308,17 +308,37 @@ BEGIN
      WHERE t.stream_id = s.id AND t.tick_id = c.last_tick;
     SELECT t.tick_snapshot INTO snap2 FROM conveyor.stream_ticks t
      WHERE t.stream_id = s.id AND t.tick_id = c.next_tick;
-    tables := ARRAY[conveyor._stream_table(s, s.cur_table)];
-    IF s.switch_step2 IS NULL OR pg_snapshot_xmin(snap1) < s.switch_step2 THEN
-        tables := tables || conveyor._stream_table(s, (s.cur_table + 2) % 3);
-    END IF;
+    tables := conveyor._tables_since(s, snap1);
 END $$;
 
--- The query for the events of a batch: committed after the first tick's snapshot and by
--- the second's (either a transaction id from xmax1 on and visible in snap2, or one that
--- was still in progress at snap1 and is visible in snap2), for everyone or for this
--- consumer only, and not older than the stream's event_ttl. Values are inlined as
--- literals so that the same text serves RETURN QUERY and a named cursor.
+-- The event tables that can hold events committed after snapshot snap1: the current one,
+-- and the previous one while snap1 predates the last rotation's step 2.
+CREATE FUNCTION conveyor._tables_since(s conveyor.streams, snap1 pg_snapshot) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN s.switch_step2 IS NULL OR pg_snapshot_xmin(snap1) < s.switch_step2
+                THEN ARRAY[conveyor._stream_table(s, s.cur_table), conveyor._stream_table(s, (s.cur_table + 2) % 3)]
+                ELSE ARRAY[conveyor._stream_table(s, s.cur_table)] END
+$$;
+
+-- The condition (SQL text, values inlined) selecting the events committed after snap1 and
+-- by snap2: a transaction id from snap1's xmax on that snap2 sees, or one still in
+-- progress at snap1 that snap2 sees. Events for everyone, and with a consumer's id
+-- (owner) that consumer's retries too.
+CREATE FUNCTION conveyor._between_snapshots(snap1 pg_snapshot, snap2 pg_snapshot, owner bigint) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('((ev_txid >= pg_snapshot_xmax(%L::pg_snapshot) AND ev_txid < pg_snapshot_xmax(%L::pg_snapshot))
+                    OR ev_txid = ANY (%L::xid8[]))
+               AND pg_visible_in_snapshot(ev_txid, %L::pg_snapshot)
+               AND NOT pg_visible_in_snapshot(ev_txid, %L::pg_snapshot)
+               AND %s',
+                  snap1, snap2, ARRAY(SELECT pg_snapshot_xip(snap1)), snap2, snap1,
+                  CASE WHEN owner IS NULL THEN 'ev_owner IS NULL'
+                       ELSE format('(ev_owner IS NULL OR ev_owner = %s)', owner) END)
+$$;
+
+-- The query for the events of a batch: those between its two ticks' snapshots (for
+-- everyone, or this consumer's retries), not older than the stream's event_ttl. Values
+-- are inlined as literals so that the same text serves RETURN QUERY and a named cursor.
 CREATE FUNCTION conveyor._batch_query(batch_id bigint, only_event bigint DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -329,13 +349,8 @@ BEGIN
     FOREACH tbl IN ARRAY b.tables LOOP
         sql := sql || CASE WHEN sql = '' THEN '' ELSE ' UNION ALL ' END || format(
             'SELECT ev_id, %s::bigint, ev_type, ev_data, ev_retry, ev_time, ev_extra1, ev_extra2, ev_extra3, ev_extra4
-               FROM %s
-              WHERE ((ev_txid >= pg_snapshot_xmax(%L::pg_snapshot) AND ev_txid < pg_snapshot_xmax(%L::pg_snapshot))
-                     OR ev_txid = ANY (%L::xid8[]))
-                AND pg_visible_in_snapshot(ev_txid, %L::pg_snapshot)
-                AND NOT pg_visible_in_snapshot(ev_txid, %L::pg_snapshot)
-                AND (ev_owner IS NULL OR ev_owner = %s)',
-            batch_id, tbl, b.snap1, b.snap2, ARRAY(SELECT pg_snapshot_xip(b.snap1)), b.snap2, b.snap1, (b.c).id);
+               FROM %s WHERE %s',
+            batch_id, tbl, conveyor._between_snapshots(b.snap1, b.snap2, (b.c).id));
         IF only_event IS NOT NULL THEN
             sql := sql || format(' AND ev_id = %s', only_event);
         END IF;

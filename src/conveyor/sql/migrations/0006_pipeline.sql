@@ -203,28 +203,16 @@ CREATE FUNCTION conveyor._pipeline_events_query(s conveyor.streams, owner bigint
 RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    tables text[] := ARRAY[conveyor._stream_table(s, s.cur_table)];
     tbl text;
     sql text := '';
 BEGIN
-    IF s.switch_step2 IS NULL OR pg_snapshot_xmin(tick1.tick_snapshot) < s.switch_step2 THEN
-        tables := tables || conveyor._stream_table(s, (s.cur_table + 2) % 3);
-    END IF;
-    FOREACH tbl IN ARRAY tables LOOP
+    FOREACH tbl IN ARRAY conveyor._tables_since(s, tick1.tick_snapshot) LOOP
         sql := sql || CASE WHEN sql = '' THEN '' ELSE ' UNION ALL ' END || format(
             'SELECT ev_id, ev_type, ev_data, ev_time, ev_retry,
                     nullif(jsonb_strip_nulls(jsonb_build_object(''extra1'', ev_extra1, ''extra2'', ev_extra2,
                                                                 ''extra3'', ev_extra3, ''extra4'', ev_extra4)), ''{}'')
-               FROM %s
-              WHERE ((ev_txid >= pg_snapshot_xmax(%L::pg_snapshot) AND ev_txid < pg_snapshot_xmax(%L::pg_snapshot))
-                     OR ev_txid = ANY (%L::xid8[]))
-                AND pg_visible_in_snapshot(ev_txid, %L::pg_snapshot)
-                AND NOT pg_visible_in_snapshot(ev_txid, %L::pg_snapshot)
-                AND %s',
-            tbl, tick1.tick_snapshot, tick2.tick_snapshot, ARRAY(SELECT pg_snapshot_xip(tick1.tick_snapshot)),
-            tick2.tick_snapshot, tick1.tick_snapshot,
-            CASE WHEN owner IS NULL THEN 'ev_owner IS NULL'
-                 ELSE format('(ev_owner IS NULL OR ev_owner = %s)', owner) END);
+               FROM %s WHERE %s',
+            tbl, conveyor._between_snapshots(tick1.tick_snapshot, tick2.tick_snapshot, owner));
         IF min_id IS NOT NULL THEN
             sql := sql || format(' AND ev_id >= %s', min_id);
         END IF;
