@@ -154,7 +154,30 @@ def test_fifo_send_with_group_and_dedup(dsn):
 
 def test_status_empty(dsn):
     assert ok(run(dsn, "status")).strip() == "no queues"
-    assert ok_json(run(dsn, "status", "--json")) == {"queues": [], "streams": [], "consumers": []}
+    assert ok_json(run(dsn, "status", "--json")) == {
+        "queues": [], "streams": [], "consumers": [], "topics": [], "schedules": [],
+        "webhooks": {"pending": 0, "due": 0, "held": 0, "exhausted": 0, "oldest_pending_age": None}}
+
+
+def test_status_shows_topics_the_webhook_outbox_and_schedules(dsn):
+    ok(run(dsn, "queues", "create", "jobs"))
+    ok(run(dsn, "topics", "create", "orders"))
+    ok(run(dsn, "topics", "subscribe", "orders", "--queue", "jobs"))
+    ok(run(dsn, "topics", "subscribe", "orders", "--endpoint", "http://127.0.0.1:9/hook"))
+    ok(run(dsn, "topics", "publish", "orders", "hello"))
+    ok(run(dsn, "schedules", "create", "nightly", "--cron", "0 2 * * *", "--queue", "jobs", "--message", "go"))
+    found = ok_json(run(dsn, "--json", "status"))
+    assert found["topics"] == [{"name": "orders", "fifo": False, "subscriptions": 2}]
+    assert (found["webhooks"]["pending"], found["webhooks"]["held"]) == (1, 0)
+    assert found["webhooks"]["oldest_pending_age"] >= 0
+    [nightly] = found["schedules"]
+    assert (nightly["name"], nightly["status"], nightly["target"], nightly["fire_count"]) == (
+        "nightly", "active", "jobs", 0)
+    text = ok(run(dsn, "status"))
+    for header in ("TOPIC", "WEBHOOK OUTBOX", "SCHEDULE"):
+        assert header in text
+    [outbox] = [line.split() for line in text.splitlines() if line.startswith("deliveries")]
+    assert outbox[1:5] == ["1", "1", "0", "0"]
 
 
 def test_status_rows(dsn):

@@ -265,7 +265,7 @@ def test_status_with_streams(jobs):
     assert by_consumer["worker"][-1] == str(batch) and by_consumer["audit"][-2:] == ["2", "-"]
 
     found = ok_json(run(dsn, "--json", "status"))
-    assert set(found) == {"queues", "streams", "consumers"}
+    assert set(found) == {"queues", "streams", "consumers", "topics", "webhooks", "schedules"}
     assert [q["queue_name"] for q in found["queues"]] == ["q"]
     jobs_row = {s["stream"]: s for s in found["streams"]}["jobs"]
     assert (jobs_row["depth"], jobs_row["consumers"], jobs_row["dead_letters"]) == (2, 2, 0)

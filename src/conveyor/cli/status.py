@@ -1,5 +1,5 @@
-"""``conveyor status``: every queue's depth and traffic, then every stream and consumer, at
-a glance."""
+"""``conveyor status``: every queue's depth and traffic, then every stream and consumer, the
+topics with the webhook outbox, and the schedules, at a glance."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import click
 from conveyor import types
 from conveyor.cli import context, output, streams
 from conveyor.cli.output import Column
-from conveyor.core import queues
+from conveyor.core import queues, schedules, topics
 from conveyor.core import streams as stream_ops
 
 _COLUMNS = [
@@ -46,6 +46,31 @@ _CONSUMER_COLUMNS = [
 ]
 
 
+_TOPIC_COLUMNS = [
+    Column("TOPIC", "name"),
+    Column("FIFO", "fifo"),
+    Column("SUBSCRIPTIONS", "subscriptions"),
+]
+
+_WEBHOOK_COLUMNS = [
+    Column("WEBHOOK OUTBOX", lambda r: "deliveries"),
+    Column("PENDING", "pending"),
+    Column("DUE", "due"),
+    Column("HELD", "held"),
+    Column("EXHAUSTED", "exhausted"),
+    Column("OLDEST PENDING", "oldest_pending_age", output.duration, right=True),
+]
+
+_SCHEDULE_COLUMNS = [
+    Column("SCHEDULE", "name"),
+    Column("STATUS", "status"),
+    Column("TARGET", lambda r: f"{r['target_kind']} {r['target']}"),
+    Column("NEXT FIRE", "next_fire_at"),
+    Column("FIRES", "fire_count"),
+    Column("FAILURES", "consecutive_failures"),
+]
+
+
 def _rows(metrics: list[types.QueueMetrics], found: list[types.Queue]) -> list[dict[str, Any]]:
     fifo = {q.name: q.fifo for q in found}
     # the two reads are not one snapshot: a queue created in between is still shown, and
@@ -71,7 +96,16 @@ async def _gather(conn: Any) -> dict[str, list[dict[str, Any]]]:
     queue_rows = _rows(await queues.metrics_all(conn), await queues.list_all(conn))
     stream_rows = _stream_rows(await stream_ops.stats(conn), await stream_ops.list_all(conn))
     consumer_rows = [streams.data(c) for c in await stream_ops.consumer_stats(conn)] if stream_rows else []
-    return {"queues": queue_rows, "streams": stream_rows, "consumers": consumer_rows}
+    topic_rows = [{"name": t.name, "fifo": t.fifo, "subscriptions": t.subscriptions}
+                  for t in await topics.list_all(conn)]
+    webhooks = output.to_data(await topics.deliveries_stats(conn))
+    if webhooks.get("oldest_pending_age") is not None:
+        webhooks["oldest_pending_age"] = streams.seconds(webhooks["oldest_pending_age"])
+    schedule_rows = [{k: getattr(s, k) for k in ("name", "status", "target_kind", "target", "next_fire_at",
+                                                 "fire_count", "consecutive_failures", "last_error")}
+                     for s in await schedules.list_all(conn)]
+    return {"queues": queue_rows, "streams": stream_rows, "consumers": consumer_rows, "topics": topic_rows,
+            "webhooks": webhooks, "schedules": schedule_rows}
 
 
 def _text(found: dict[str, list[dict[str, Any]]]) -> str:
@@ -80,6 +114,12 @@ def _text(found: dict[str, list[dict[str, Any]]]) -> str:
         parts.append(output.table(found["streams"], _STREAM_COLUMNS))
     if found["consumers"]:
         parts.append(output.table(found["consumers"], _CONSUMER_COLUMNS))
+    if found["topics"]:
+        parts.append(output.table(found["topics"], _TOPIC_COLUMNS))
+    if found["topics"] or any(found["webhooks"][k] for k in ("pending", "held", "exhausted")):
+        parts.append(output.table([found["webhooks"]], _WEBHOOK_COLUMNS))
+    if found["schedules"]:
+        parts.append(output.table(found["schedules"], _SCHEDULE_COLUMNS))
     return "\n\n".join(parts)
 
 
@@ -87,13 +127,17 @@ def _text(found: dict[str, list[dict[str, Any]]]) -> str:
 @output.json_option
 @click.pass_obj
 def status(obj) -> None:  # noqa: ANN001
-    """Show every queue's depth and traffic, then every stream and its consumers.
+    """Show every queue's depth and traffic, every stream and its consumers, the topics
+    with the webhook outbox, and the schedules.
 
     Queues: depth (visible now), in flight, delayed, age of the oldest message, total sent,
     and the dead-letter queue with its depth. Streams (when there are any): depth, consumers,
     events per second, rotation age, dead letters, time since the last tick, paused.
-    Consumers: lag (age of the last tick finished), pending events, open batch.
+    Consumers: lag (age of the last tick finished), pending events, open batch. Topics:
+    subscriptions; the webhook outbox: pending, due, held, exhausted deliveries and the
+    age of the oldest pending one. Schedules: status, target, next fire, fires, failures.
 
-    JSON: {"queues": [...], "streams": [...], "consumers": [...]}, durations in seconds."""
+    JSON: {"queues", "streams", "consumers", "topics", "webhooks", "schedules"}, durations
+    in seconds."""
     found = context.run(obj.settings(), _gather)
     output.emit(found, obj.as_json, lambda: _text(found))
