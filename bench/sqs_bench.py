@@ -8,7 +8,7 @@ Part 1, boto3 (threads, each with its own boto3 client), --clients concurrency:
   (moto[server], in-memory), both started here as child processes. The target is
   Conveyor >= 20x moto on every row. boto3 costs 1-2 ms of client CPU per call and the
   client shares the 2 cores with the servers, so this part also measures boto3.
-Part 2, raw HTTP (aiohttp on uvloop, JSON protocol requests built by hand, no botocore),
+Part 2, raw HTTP (bench/rawhttp.py on uvloop: keep-alive, requests built once as bytes, no botocore),
   --raw-clients coroutines: Conveyor (and, with --raw-moto, moto) against "raw PostgreSQL"
   in the same run: psycopg on a plain table at the same concurrency,
       SendMessage                 INSERT of one row per statement
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import shlex
@@ -56,11 +57,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import boto3
 import orjson
 import psycopg
@@ -70,6 +70,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from psycopg import conninfo
 
 from conveyor.db import migrate
+from rawhttp import HttpError, RawHttp
 
 ADMIN_DSN = os.environ.get("CONVEYOR_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 DATABASE = "conveyor_sqs_bench"
@@ -158,9 +159,14 @@ def _stat_fields(pid: int | str) -> list[str] | None:
 
 
 def _process_cpu(pid: int) -> float:
-    fields = _stat_fields(pid)
-    # utime, stime, cutime, cstime (fields 14-17; index 0 here is field 3)
-    return sum(int(x) for x in fields[11:15]) / _TICK if fields else 0.0
+    """The process and its live children (the workers of ``conveyor serve --workers N``)."""
+    total = 0
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        fields = _stat_fields(name) if name.isdigit() else None
+        # ppid is field 4; utime, stime, cutime, cstime are fields 14-17 (index 0 here is field 3)
+        if fields and (name == str(pid) or fields[1] == str(pid)):
+            total += sum(int(x) for x in fields[11:15])
+    return total / _TICK
 
 
 def _postgres_cpu() -> float:
@@ -252,10 +258,10 @@ class Child:
                 self.proc.wait(10)
 
 
-def start_conveyor(dsn: str) -> Child:
+def start_conveyor(dsn: str, workers: int) -> Child:
     port = free_port()
     env = {**os.environ, "DATABASE_URL": dsn, "CONVEYOR_PORT": str(port), "CONVEYOR_AUTH": "none",
-           "CONVEYOR_LOG_LEVEL": "warning", "CONVEYOR_POOL_MAX": "16"}
+           "CONVEYOR_LOG_LEVEL": "warning", "CONVEYOR_POOL_MAX": "16", "CONVEYOR_WORKERS": str(workers)}
     return Child("conveyor", [sys.executable, "-m", "conveyor", "serve"], env, port, quiet=False)
 
 
@@ -503,16 +509,17 @@ HEADERS = {a: _headers(a) for a in ("CreateQueue", "SendMessage", "SendMessageBa
 
 
 class RawSqs:
-    def __init__(self, system: str, session: aiohttp.ClientSession, endpoint: str) -> None:
-        self.system, self.session, self.endpoint = system, session, endpoint + "/"
+    def __init__(self, system: str, http: RawHttp) -> None:
+        self.system, self.http = system, http
 
-    async def call(self, action: str, payload: bytes) -> dict[str, Any] | None:
+    def prepared(self, action: str, payload: bytes) -> tuple[str, bytes, bytes]:
+        return action, payload, self.http.request("POST", "/", payload, HEADERS[action])
+
+    async def call(self, action: str, payload: bytes, request: bytes | None = None) -> dict[str, Any] | None:
         try:
-            async with self.session.post(self.endpoint, data=payload, headers=HEADERS[action]) as r:
-                body = await r.read()
-                status = r.status
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            ERRORS.add(f"{self.system} raw {action}", payload.decode(), repr(exc))
+            status, body = await self.http.send(request or self.http.request("POST", "/", payload, HEADERS[action]))
+        except HttpError as exc:
+            ERRORS.add(f"{self.system} raw {action}", payload.decode(), str(exc))
             return None
         if status != 200:
             ERRORS.add(f"{self.system} raw {action}", payload.decode(),
@@ -524,19 +531,22 @@ class RawSqs:
         return result
 
     def ops(self, url: str, row: str, clients: int) -> list[AsyncOp]:
-        send = orjson.dumps({"QueueUrl": url, "MessageBody": BODY})
-        batch = orjson.dumps({"QueueUrl": url, "Entries": [{"Id": str(i), "MessageBody": BODY} for i in range(10)]})
-        receive = orjson.dumps({"QueueUrl": url, "MaxNumberOfMessages": 10, "WaitTimeSeconds": 0})
+        # the requests that never change are built once
+        send = self.prepared("SendMessage", orjson.dumps({"QueueUrl": url, "MessageBody": BODY}))
+        batch = self.prepared("SendMessageBatch", orjson.dumps(
+            {"QueueUrl": url, "Entries": [{"Id": str(i), "MessageBody": BODY} for i in range(10)]}))
+        receive = self.prepared("ReceiveMessage", orjson.dumps(
+            {"QueueUrl": url, "MaxNumberOfMessages": 10, "WaitTimeSeconds": 0}))
 
         async def send_op() -> tuple[int, int]:
-            return (1 if await self.call("SendMessage", send) is not None else -1), 1
+            return (1 if await self.call(*send) is not None else -1), 1
 
         async def batch_op() -> tuple[int, int]:
-            r = await self.call("SendMessageBatch", batch)
+            r = await self.call(*batch)
             return (len(r.get("Successful", [])) or -1 if r is not None else -1), 1
 
         async def receive_op() -> tuple[int, int]:
-            r = await self.call("ReceiveMessage", receive)
+            r = await self.call(*receive)
             if r is None:
                 return -1, 1
             got = r.get("Messages") or []
@@ -558,7 +568,8 @@ class RawSqs:
 
     async def top_up(self, url: str, count: int, concurrency: int = 16) -> int:
         """Send ``count`` messages (in batches of 10); returns how many were sent."""
-        batch = orjson.dumps({"QueueUrl": url, "Entries": [{"Id": str(i), "MessageBody": BODY} for i in range(10)]})
+        batch = self.prepared("SendMessageBatch", orjson.dumps(
+            {"QueueUrl": url, "Entries": [{"Id": str(i), "MessageBody": BODY} for i in range(10)]}))
         calls = math.ceil(count / 10)
         sent = 0
         failures = 0
@@ -567,7 +578,7 @@ class RawSqs:
             nonlocal calls, sent, failures
             while calls > 0 and failures < MAX_CLIENT_ERRORS:
                 calls -= 1
-                r = await self.call("SendMessageBatch", batch)
+                r = await self.call(*batch)
                 if r is None:
                     failures += 1
                 else:
@@ -577,9 +588,13 @@ class RawSqs:
         return sent
 
 
-def raw_session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                 timeout=aiohttp.ClientTimeout(total=60))
+@contextlib.asynccontextmanager
+async def raw_sqs(server: Child) -> AsyncIterator[RawSqs]:
+    http = RawHttp("127.0.0.1", server.port)
+    try:
+        yield RawSqs(server.name, http)
+    finally:
+        await http.close()
 
 
 # -- raw PostgreSQL ----------------------------------------------------------------------------
@@ -681,14 +696,13 @@ class Bench:
         return cells
 
     async def fill(self, server: Child, url: str, count: int) -> None:
-        async with raw_session() as session:
-            await RawSqs(server.name, session, server.url).top_up(url, count)
+        async with raw_sqs(server) as sqs:
+            await sqs.top_up(url, count)
 
     async def raw_repeat(self, column: str, server: Child, clients: int, seconds: float) -> dict[str, Cell]:
         meter = CpuMeter(server.proc.pid, server.name, postgres=server.name == "conveyor")
         cells: dict[str, Cell] = {}
-        async with raw_session() as session:
-            sqs = RawSqs(server.name, session, server.url)
+        async with raw_sqs(server) as sqs:
             for row in ROWS:
                 url = await sqs.create_queue(self.queue_name(column))
                 if row == "receive":
@@ -719,7 +733,7 @@ class Bench:
         dsn = create_database()
         self.created_database = True
         self.runner.run(prepare_database(dsn))
-        conveyor = start_conveyor(dsn)
+        conveyor = start_conveyor(dsn, args.workers)
         self.children.append(conveyor)
         moto = start_moto()
         self.children.append(moto)
@@ -729,7 +743,7 @@ class Bench:
         raw_servers = {"conveyor raw": conveyor}
         if args.raw_moto:
             raw_servers["moto raw"] = moto
-        print(f"conveyor serve on {conveyor.url} (pid {conveyor.proc.pid}), "
+        print(f"conveyor serve --workers {args.workers} on {conveyor.url} (pid {conveyor.proc.pid}), "
               f"moto_server on {moto.url} (pid {moto.proc.pid})", flush=True)
 
         top = max(args.clients)
@@ -757,7 +771,7 @@ class Bench:
                 runs = [self.boto_repeat(column, server, clients, args.seconds) for _ in range(args.repeat)]
                 self.record(column, clients, runs)
 
-        print(f"\npart 2: raw HTTP (aiohttp + uvloop) and raw PostgreSQL (psycopg), "
+        print(f"\npart 2: raw HTTP (rawhttp.py + uvloop) and raw PostgreSQL (psycopg), "
               f"median of {args.repeat} x {args.seconds:g}s per cell", flush=True)
         for clients in args.raw_clients:
             for column, server in raw_servers.items():
@@ -817,7 +831,7 @@ class Bench:
         print(f"{'operation':<42}{'clients':>8}{'conveyor':>11}{'moto':>9}{'ratio':>9}  >= {TARGET_RATIO:g}x")
         for name, clients, c, m, r, ok in boto_rows:
             print(f"{name:<42}{clients:>8}{fmt(c, '.0f'):>11}{fmt(m, '.0f'):>9}{fmt(r, '.1f'):>8}x  {yes(ok)}")
-        print("\nraw HTTP client (aiohttp + uvloop, no botocore) against raw PostgreSQL (psycopg, plain table)")
+        print("\nraw HTTP client (rawhttp.py + uvloop, no botocore) against raw PostgreSQL (psycopg, plain table)")
         head = f"{'operation':<42}{'clients':>8}{'conveyor':>11}{'raw pg':>9}{'fraction':>10}  >= {TARGET_FRACTION:g}"
         if args.raw_moto:
             head += f"{'moto':>9}{'conveyor/moto':>15}"
@@ -865,6 +879,8 @@ def parse_args() -> argparse.Namespace:
                    help="boto3 concurrency levels, threads (default 1 32)")
     p.add_argument("--raw-clients", type=int, nargs="+", default=[1, 64],
                    help="raw HTTP / raw PostgreSQL concurrency levels, coroutines (default 1 64)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="conveyor serve --workers: server processes (default: the machine's cores)")
     p.add_argument("--max-messages", type=int, default=200_000,
                    help="messages per cell at most; also bounds the receive row's preload (default 200000)")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds per row and system of warm-up (default 1)")

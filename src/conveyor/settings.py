@@ -70,6 +70,7 @@ class Settings:
     data_dir: Path | None = None
     host: str = "127.0.0.1"
     port: int = 9324
+    workers: int = 1  # server processes sharing the port (conveyor.server.run)
     pool_min: int = 2
     pool_max: int = 16
     migrate: bool = True
@@ -111,6 +112,8 @@ class Settings:
             raise ValueError("auth mode 'token' needs CONVEYOR_AUTH_TOKENS (TOKEN:ROLE,...)")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"port must be from 1 to 65535, got {self.port}")
+        if not 1 <= self.workers <= 64:
+            raise ValueError(f"workers must be from 1 to 64, got {self.workers}")
         if self.pool_min < 1 or self.pool_max < self.pool_min:
             raise ValueError("pool sizes need 1 <= pool_min <= pool_max")
         if not re.fullmatch(r"[a-z0-9-]{1,32}", self.region):
@@ -142,6 +145,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "data_dir": ("CONVEYOR_DATA_DIR", Path),
     "host": ("CONVEYOR_HOST", str),
     "port": ("CONVEYOR_PORT", int),
+    "workers": ("CONVEYOR_WORKERS", int),
     "pool_min": ("CONVEYOR_POOL_MIN", int),
     "pool_max": ("CONVEYOR_POOL_MAX", int),
     "migrate": ("CONVEYOR_MIGRATE", _bool),

@@ -14,6 +14,8 @@ log = logging.getLogger("conveyor.serve")
 @click.command()
 @click.option("--host", envvar="CONVEYOR_HOST", default=None, help="Bind address [env CONVEYOR_HOST; default 127.0.0.1].")
 @click.option("--port", envvar="CONVEYOR_PORT", type=int, default=None, help="Port [env CONVEYOR_PORT; default 9324].")
+@click.option("--workers", envvar="CONVEYOR_WORKERS", type=int, default=None,
+              help="Server processes sharing the port, one per core to use [env CONVEYOR_WORKERS; default 1].")
 @click.option("--auth", "auth_mode", envvar="CONVEYOR_AUTH", type=click.Choice(["none", "header", "token"]),
               default=None, help="Authentication [env CONVEYOR_AUTH; default header: any Authorization header].")
 @click.option("--fusion/--no-fusion", default=None, help="Fuse concurrent sends into one SQL call [env CONVEYOR_FUSION].")
@@ -21,18 +23,19 @@ log = logging.getLogger("conveyor.serve")
 @click.option("--log-level", envvar="CONVEYOR_LOG_LEVEL", default=None,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]), help="Log level.")
 @click.pass_obj
-def serve(obj, host, port, auth_mode, fusion, migrate, log_level) -> None:  # noqa: ANN001
+def serve(obj, host, port, workers, auth_mode, fusion, migrate, log_level) -> None:  # noqa: ANN001
     """Run the server (SQS, SNS, REST, health, metrics; the stream ticker, scheduler and
     webhook deliveries) until SIGTERM or Ctrl-C.
 
     Without DATABASE_URL it starts (and on exit stops) Conveyor's embedded PostgreSQL."""
     from conveyor.server import run
 
-    settings = obj.settings(host=host, port=port, auth_mode=auth_mode, fusion=fusion, migrate=migrate,
+    settings = obj.settings(host=host, port=port, workers=workers, auth_mode=auth_mode, fusion=fusion, migrate=migrate,
                             log_level=log_level)
     logging.getLogger().setLevel(settings.log_level.upper())
     with context.database_url(settings) as dsn:
         where = "DATABASE_URL" if settings.database_url else "the embedded cluster"
-        log.info("conveyor serving on http://%s:%s (database: %s)", settings.host, settings.port, where)
+        log.info("conveyor serving on http://%s:%s (database: %s; %d worker%s)", settings.host, settings.port,
+                 where, settings.workers, "" if settings.workers == 1 else "s")
         if not run.serve(settings, dsn):
-            raise click.ClickException("the server did not start (see the log above)")
+            raise click.ClickException("the server did not start, or a worker failed (see the log above)")

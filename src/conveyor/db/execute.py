@@ -85,9 +85,12 @@ def dataclass_row(cls: type[T]) -> Any:
     (extra columns, e.g. from a newer schema, are ignored)."""
 
     def factory(cursor: Any) -> Any:
-        if cursor.description is None:
-            return None
-        return _row_maker(cls, tuple(c.name for c in cursor.description))
+        # the column names straight from the result: building ``cursor.description`` (a
+        # Column object per column) costs more than the query's other Python work
+        res = cursor.pgresult
+        if res is None or not res.nfields:
+            return None if cursor.description is None else _row_maker(cls, ())
+        return _row_maker(cls, tuple(res.fname(i).decode() for i in range(res.nfields)))
 
     return factory
 

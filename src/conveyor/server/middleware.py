@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -23,6 +24,9 @@ async def _reply(send: Send, status: int, error: str, code: str) -> None:
 
 
 def _route_label(scope: Scope) -> str:
+    label = scope.get("conveyor.route")  # set by the app's short path for the AWS endpoints
+    if label is not None:
+        return label
     route = scope.get("route")
     template = getattr(route, "path", None)
     if template is None:
@@ -36,6 +40,18 @@ class Telemetry:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        # the labelled series, looked up once (prometheus_client's labels() is not free, and
+        # this runs twice per request); the labels are route templates, so the set is small
+        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def _record(self, method: str, path: str, status: int, seconds: float) -> None:
+        series = self._series.get((method, path, status))
+        if series is None:
+            series = self._series[(method, path, status)] = (
+                self.metrics.http_requests.labels(method, path, str(status)),
+                self.metrics.http_duration.labels(method, path))
+        series[0].inc()
+        series[1].observe(seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,10 +71,7 @@ class Telemetry:
             await self.app(scope, receive, send_wrapper)
         finally:
             self.metrics.http_active.dec()
-            path = _route_label(scope)
-            method = scope["method"]
-            self.metrics.http_requests.labels(method, path, str(status)).inc()
-            self.metrics.http_duration.labels(method, path).observe(time.perf_counter() - started)
+            self._record(scope["method"], _route_label(scope), status, time.perf_counter() - started)
 
 
 class Auth:

@@ -1,10 +1,24 @@
-"""Running the app under uvicorn, with a shutdown that first releases long-pollers."""
+"""Running the app under uvicorn: one process, or several workers sharing one port.
+
+Server processes are stateless above PostgreSQL (docs/architecture.md), so ``workers``
+> 1 is the same server N times: the parent binds the port and forks the workers, which
+accept from that one socket (the kernel spreads connections across them) and each run
+the whole server, pools and background workers included. The parent only supervises:
+SIGTERM or SIGINT is passed on to every worker, each drains as a single server does, and
+the parent returns when all have exited. The workers live and die together: if one exits
+on its own (it could not start, or crashed), the others are stopped and the parent
+reports failure, so a process supervisor (systemd, Kubernetes) sees one failed service
+rather than a server running short-handed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import os
 import signal
+import socket
 from types import FrameType
 
 import uvicorn
@@ -13,6 +27,8 @@ from conveyor.server.app import create_app
 from conveyor.settings import Settings
 
 log = logging.getLogger(__name__)
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class _Server(uvicorn.Server):
@@ -31,10 +47,8 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(settings: Settings, dsn: str) -> bool:
-    """Serve until a signal; returns False if the server could not start."""
-    app = create_app(settings, dsn)
-    config = uvicorn.Config(
+def _config(app: object, settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -46,14 +60,103 @@ def serve(settings: Settings, dsn: str) -> bool:
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         server_header=False,
     )
-    server = _Server(config, app.state.broker.shutting_down)
+
+
+def _serve_one(settings: Settings, dsn: str, sock: socket.socket | None = None) -> bool:
+    """Serve in this process until a signal; False if the server could not start."""
+    app = create_app(settings, dsn)
+    server = _Server(_config(app, settings), app.state.broker.shutting_down)
     # uvicorn re-raises the signal that stopped it once it is done; with the default
     # handlers that would kill the process before the caller's clean-up (stopping the
     # embedded cluster) and make it exit 143 instead of 0.
-    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in _STOP_SIGNALS}
     try:
-        server.run()
+        server.run(sockets=[sock] if sock is not None else None)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return server.started
+
+
+def serve(settings: Settings, dsn: str) -> bool:
+    """Serve until a signal; False if the server could not start (or, with several
+    workers, if one of them failed)."""
+    if settings.workers == 1:
+        return _serve_one(settings, dsn)
+    return _serve_workers(settings, dsn)
+
+
+def _die_with_parent() -> None:
+    """Have the kernel stop this worker if the parent goes away, even by SIGKILL (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker(settings: Settings, dsn: str, sock: socket.socket) -> int:
+    """The body of a forked worker; its exit code."""
+    os.setpgid(0, 0)  # signals come from the parent only, once (not also from the terminal)
+    _die_with_parent()
+    try:
+        return 0 if _serve_one(settings, dsn, sock) else 3
+    except BaseException:  # noqa: BLE001 - reported, and the parent stops the others
+        log.exception("worker %d failed", os.getpid())
+        return 1
+
+
+def _serve_workers(settings: Settings, dsn: str) -> bool:
+    sock = _config(None, settings).bind_socket()
+    sock.listen(2048)  # connections queue from now on, while the workers start
+    children: set[int] = set()
+    stopping = False
+    failed = False
+
+    def stop_all(sig: int = signal.SIGTERM) -> None:
+        for pid in children:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def on_signal(sig: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            log.info("stopping %d workers", len(children))
+            stop_all(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
+    try:
+        for _ in range(settings.workers):
+            if stopping:
+                break
+            pid = os.fork()
+            if pid == 0:  # the worker
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                code = 1
+                try:
+                    code = _worker(settings, dsn, sock)
+                finally:
+                    logging.shutdown()
+                    os._exit(code)
+            children.add(pid)
+        log.info("started %d workers: %s", len(children), " ".join(map(str, sorted(children))))
+        while children:
+            pid, status = os.wait()  # retried after a signal handler has run
+            children.discard(pid)
+            code = os.waitstatus_to_exitcode(status)
+            if code != 0 or not stopping:
+                failed = True
+                log.error("worker %d exited with %d%s", pid, code,
+                          "" if stopping else "; stopping the others")
+            if not stopping:
+                stopping = True
+                stop_all(signal.SIGTERM)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        stop_all(signal.SIGKILL)  # only those still there after an error in the parent
+        sock.close()
+    return not failed

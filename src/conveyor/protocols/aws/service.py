@@ -87,13 +87,14 @@ def authenticate(endpoint: Endpoint, request: Request, body: bytes, error: type[
     some authentication must be present. ``anonymous`` lets an unauthenticated request
     through (SNS's unsubscribe links)."""
     authorization = request.headers.get("authorization")
-    scope = sigv4.parse_scope(authorization) or sigv4.parse_query_scope(request.url.query)
+    query = query_string(request)
+    scope = sigv4.parse_scope(authorization) or (sigv4.parse_query_scope(query) if query else None)
     if anonymous and authorization is None and scope is None:
         return None
     if endpoint.credentials:
         try:
             sigv4.verify(request.method, request.scope.get("raw_path", b"/").decode("latin-1"),
-                         request.url.query, [(k, v) for k, v in request.headers.items()], body,
+                         query, [(k, v) for k, v in request.headers.items()], body,
                          endpoint.credentials)
         except sigv4.SignatureError as exc:
             raise error(exc.code if exc.code in error.KINDS else "AccessDenied", exc.message) from None
@@ -104,7 +105,15 @@ def authenticate(endpoint: Endpoint, request: Request, body: bytes, error: type[
 
 def base_url(endpoint: Endpoint, request: Request) -> str:
     """The configured base URL, else the scheme and Host the client used."""
-    return endpoint.base_url or f"{request.url.scheme}://{request.headers.get('host', request.url.netloc)}"
+    if endpoint.base_url:
+        return endpoint.base_url
+    host = request.headers.get("host")
+    return f"{request.scope['scheme']}://{host}" if host else f"{request.url.scheme}://{request.url.netloc}"
+
+
+def query_string(request: Request) -> str:
+    """The raw query string (as ``request.url.query``, without building the URL)."""
+    return request.scope.get("query_string", b"").decode("latin-1")
 
 
 def region(endpoint: Endpoint, scope: sigv4.Scope | None) -> str:
@@ -120,7 +129,7 @@ def read(service: wire.Service, request: Request, body: bytes, request_id: str) 
     Query protocol (the action from the form fields)."""
     if wire.is_json(request.headers):
         return wire.parse_json(service, request.headers.get("x-amz-target", ""), body, request_id)
-    return wire.parse_query(service, wire.form_fields(body, request.url.query), request_id)
+    return wire.parse_query(service, wire.form_fields(body, query_string(request)), request_id)
 
 
 # -- names ---------------------------------------------------------------------------------

@@ -1,0 +1,78 @@
+"""``conveyor serve --workers N``: N processes on one port that start, stop and fail together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conveyor.settings import Settings
+from support.server import ServerProcess
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return {p for p in pids if _alive(p)}
+
+
+def test_workers_serve_one_port_and_stop_together_on_sigterm(dsn, queue_name):
+    server = ServerProcess(dsn, args=["--workers", "2"]).start()
+    try:
+        workers = _children(server.proc.pid)
+        assert len(workers) == 2
+        url = f"{server.url}/v1/queues/{queue_name}/messages"
+        httpx.post(f"{server.url}/v1/queues", json={"name": queue_name}, headers={"Authorization": "t"})
+        for i in range(40):  # a new connection each time: the kernel hands them to either worker
+            r = httpx.post(url, json={"message": str(i)}, headers={"Authorization": "t", "Connection": "close"})
+            assert r.status_code == 201, r.text
+        got = httpx.get(url, params={"max": 100}, headers={"Authorization": "t"}).json()
+        assert sorted(int(m["message"]) for m in got) == list(range(40))
+        assert server.terminate() == 0
+        assert not _wait_gone(workers)
+    finally:
+        server.kill()
+
+
+def test_a_worker_that_dies_stops_the_others_and_the_server_fails(dsn):
+    server = ServerProcess(dsn, args=["--workers", "2"]).start()
+    try:
+        first, second = sorted(_children(server.proc.pid))
+        os.kill(first, signal.SIGKILL)
+        assert server.proc.wait(30) != 0
+        assert not _wait_gone({second})
+        assert "stopping the others" in server.output()
+    finally:
+        server.kill()
+
+
+@pytest.mark.parametrize("workers", [0, 65])
+def test_workers_out_of_range_are_refused(workers):
+    with pytest.raises(ValueError, match="workers must be from 1 to 64"):
+        Settings(workers=workers)
