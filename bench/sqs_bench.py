@@ -2,9 +2,10 @@
 HTTP client against the raw PostgreSQL limit, side by side in one run.
 
     .venv/bin/python bench/sqs_bench.py [--seconds 3] [--repeat 3] [--clients 1 32] [--raw-clients 1 64]
+                                        [--workers CORES]
 
 Part 1, boto3 (threads, each with its own boto3 client), --clients concurrency:
-  Conveyor (`conveyor serve`, SQS JSON protocol on POST /) against `moto_server`
+  Conveyor (`conveyor serve --workers W`, SQS JSON protocol on POST /) against `moto_server`
   (moto[server], in-memory), both started here as child processes. The target is
   Conveyor >= 20x moto on every row. boto3 costs 1-2 ms of client CPU per call and the
   client shares the 2 cores with the servers, so this part also measures boto3.
