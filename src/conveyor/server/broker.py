@@ -66,14 +66,14 @@ class ServerBroker:
         try:
             return await coro
         finally:
-            histogram.labels(queue).observe(time.perf_counter() - started)
+            self.metrics.series(histogram, queue).observe(time.perf_counter() - started)
 
     # -- send ------------------------------------------------------------------------
 
     async def _send_batch(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
         async with self.database.connection() as conn:
             sent = await self._timed(self.metrics.send_duration, queue, messages.send_batch(conn, queue, batch))
-        self.metrics.sent.labels(queue).inc(len(sent))
+        self.metrics.series(self.metrics.sent, queue).inc(len(sent))
         return sent
 
     async def _send_fused(self, queue: str,
@@ -205,7 +205,7 @@ class ServerBroker:
             published = await topics.publish(conn, routing_key, publication, signer=signer, urls=urls)
         self.metrics.record_published(routing_key, published)
         for queue in published.queues:
-            self.metrics.sent.labels(queue).inc()
+            self.metrics.series(self.metrics.sent, queue).inc()
         return published
 
     # -- acknowledge -----------------------------------------------------------------
@@ -213,7 +213,7 @@ class ServerBroker:
     async def _delete_db(self, queue: str, ids: Sequence[int]) -> list[int]:
         async with self.database.connection() as conn:
             done = await self._timed(self.metrics.delete_duration, queue, messages.delete(conn, queue, ids))
-        self.metrics.deleted.labels(queue).inc(len(done))
+        self.metrics.series(self.metrics.deleted, queue).inc(len(done))
         return done
 
     async def _delete_fused(self, queue: str, requests: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -233,7 +233,7 @@ class ServerBroker:
     async def archive(self, queue: str, ids: Sequence[int]) -> list[int]:
         async with self.database.connection() as conn:
             done = await self._timed(self.metrics.delete_duration, queue, messages.archive(conn, queue, ids))
-        self.metrics.deleted.labels(queue).inc(len(done))
+        self.metrics.series(self.metrics.deleted, queue).inc(len(done))
         return done
 
     async def fail(self, queue: str, message_id: int, reason: str | None) -> bool:

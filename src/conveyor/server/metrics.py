@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -40,6 +41,7 @@ class _PoolCollector:
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._series: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.http_requests = Counter("http_requests_total", "Requests completed",
                                      ["method", "path", "status"], registry=r)
@@ -91,19 +93,32 @@ class Metrics:
         self.schedule_pauses = Counter("schedule_pauses_total", "Schedules paused after failure_threshold "
                                        "consecutive failures", registry=r)
 
+    def series(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: on the hot path prometheus_client's
+        lookup costs more than the update itself. For counters and histograms only, whose
+        series are never removed (``set_depths`` clears the depth gauges)."""
+        key = (id(metric), labels)
+        child = self._series.get(key)
+        if child is None:
+            child = self._series[key] = metric.labels(*labels)
+        return child
+
     def watch_pool(self, stats: Callable[[], object]) -> None:
         self.registry.register(_PoolCollector(stats))
 
     def record_received(self, queue: str, received: list[types.Message]) -> None:
         if not received:
             return
-        self.received.labels(queue).inc(len(received))
+        self.series(self.received, queue).inc(len(received))
         now = time.time()
-        for m in received:
-            if m.receive_count > 1:
-                self.redelivered.labels(queue).inc()
-            else:
-                self.age_at_receive.labels(queue).observe(max(now - m.sent_at.timestamp(), 0.0))
+        redelivered = sum(m.receive_count > 1 for m in received)
+        if redelivered:
+            self.series(self.redelivered, queue).inc(redelivered)
+        if redelivered < len(received):
+            ages = self.series(self.age_at_receive, queue)
+            for m in received:
+                if m.receive_count <= 1:
+                    ages.observe(max(now - m.sent_at.timestamp(), 0.0))
 
     def set_depths(self, rows: list[types.QueueMetrics]) -> None:
         for gauge in (self.depth, self.in_flight, self.delayed):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -40,18 +39,12 @@ class Telemetry:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
-        # the labelled series, looked up once (prometheus_client's labels() is not free, and
-        # this runs twice per request); the labels are route templates, so the set is small
-        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def _record(self, method: str, path: str, status: int, seconds: float) -> None:
-        series = self._series.get((method, path, status))
-        if series is None:
-            series = self._series[(method, path, status)] = (
-                self.metrics.http_requests.labels(method, path, str(status)),
-                self.metrics.http_duration.labels(method, path))
-        series[0].inc()
-        series[1].observe(seconds)
+        # labels are route templates (not raw paths), so the set of series stays small
+        m = self.metrics
+        m.series(m.http_requests, method, path, str(status)).inc()
+        m.series(m.http_duration, method, path).observe(seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -76,9 +77,12 @@ class Member:
 class Struct(Shape):
     members: Mapping[str, Member | Shape] = field(default_factory=dict)
 
+    @functools.cached_property
+    def _normalised(self) -> dict[str, Member]:
+        return {name: m if isinstance(m, Member) else Member(m) for name, m in self.members.items()}
+
     def member(self, name: str) -> Member:
-        m = self.members[name]
-        return m if isinstance(m, Member) else Member(m)
+        return self._normalised[name]
 
 
 # -- Query form -> values ----------------------------------------------------------------
@@ -176,13 +180,17 @@ def from_json(shape: Shape, value: Any, path: str = "") -> Any:
     """Check a JSON-protocol value against its shape, decoding blobs."""
     if value is None:
         return None
+    if value.__class__ is str and shape.__class__ is Scalar and shape.kind == "string":
+        return value  # the common case first
     if isinstance(shape, Struct):
         if not isinstance(value, dict):
             raise ShapeError(path or "body", "must be an object")
         out = {}
+        members = shape._normalised
         for name, item in value.items():
-            if name in shape.members:
-                converted = from_json(shape.member(name).shape, item, _join(path, name))
+            member = members.get(name)
+            if member is not None:
+                converted = from_json(member.shape, item, _join(path, name))
                 if converted is not None:
                     out[name] = converted
         return out

@@ -202,9 +202,10 @@ def _received(ctx: Context, queue: str, m: types.Message, system: set[str],
         "MD5OfBody": ma.md5_of_body(m.body),
         "Body": m.body,
     }
-    attributes = {k: v for k, v in _system_values(ctx, m).items() if k in system}
-    if attributes:
-        out["Attributes"] = attributes
+    if system:
+        attributes = {k: v for k, v in _system_values(ctx, m).items() if k in system}
+        if attributes:
+            out["Attributes"] = attributes
     chosen = ma.select(ma.from_headers(m.headers), user)
     if chosen:
         out["MessageAttributes"] = ma.to_wire(chosen)
