@@ -32,7 +32,8 @@ is the messages over the time until it ran dry). Each cell runs at most --second
 --max-messages: no call starts after --seconds; the calls then in flight are waited for
 (at most 20 s: moto with 64 clients needs several seconds to answer them all) and counted,
 and the rate is the messages over the whole time. Each server and client is warmed up
-first; the median of --repeat runs is reported.
+first; the median of --repeat runs is reported. The systems compared take turns within each
+repeat (Conveyor, moto, Conveyor, moto, ...), so a drift of the machine's speed weighs on both.
 CPU per request of the load generator, the server and PostgreSQL (from /proc; PostgreSQL
 is every process named postgres, so other users of that server count too) is printed with
 each cell, to show where the time goes.
@@ -766,21 +767,27 @@ class Bench:
         if ERRORS.counts:
             print(f"  errors during warm-up: {dict(ERRORS.counts)}", flush=True)
 
+        # The systems take turns within each repeat (A B A B ...), so a drift in the machine's
+        # speed during the run (seen here: +-25% over minutes) weighs on both sides alike.
         print(f"\npart 1: boto3, median of {args.repeat} x {args.seconds:g}s per cell", flush=True)
         for clients in args.clients:
-            for column, server in servers.items():
-                runs = [self.boto_repeat(column, server, clients, args.seconds) for _ in range(args.repeat)]
-                self.record(column, clients, runs)
+            runs: dict[str, list[dict[str, Cell]]] = {column: [] for column in servers}
+            for _ in range(args.repeat):
+                for column, server in servers.items():
+                    runs[column].append(self.boto_repeat(column, server, clients, args.seconds))
+            for column in servers:
+                self.record(column, clients, runs[column])
 
         print(f"\npart 2: raw HTTP (rawhttp.py + uvloop) and raw PostgreSQL (psycopg), "
               f"median of {args.repeat} x {args.seconds:g}s per cell", flush=True)
         for clients in args.raw_clients:
-            for column, server in raw_servers.items():
-                runs = [self.runner.run(self.raw_repeat(column, server, clients, args.seconds))
-                        for _ in range(args.repeat)]
-                self.record(column, clients, runs)
-            runs = [self.runner.run(self.pg_repeat(dsn, clients, args.seconds)) for _ in range(args.repeat)]
-            self.record("raw postgresql", clients, runs)
+            runs = {column: [] for column in [*raw_servers, "raw postgresql"]}
+            for _ in range(args.repeat):
+                for column, server in raw_servers.items():
+                    runs[column].append(self.runner.run(self.raw_repeat(column, server, clients, args.seconds)))
+                runs["raw postgresql"].append(self.runner.run(self.pg_repeat(dsn, clients, args.seconds)))
+            for column, column_runs in runs.items():
+                self.record(column, clients, column_runs)
 
         self.wall = time.perf_counter() - t0
 
