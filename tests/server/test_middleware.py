@@ -68,3 +68,21 @@ def test_unhandled_errors_are_json_500_without_internals(dsn):
     with TestClient(app, raise_server_exceptions=False) as c:
         r = c.get("/boom")
     assert r.status_code == 500 and r.json() == {"error": "internal error", "code": "InternalError"}
+
+
+def test_aws_endpoints_take_the_short_path_with_telemetry_and_body_limit(client):
+    headers = {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.ListQueues"}
+    assert client.post("/", content=b"{}", headers=headers).status_code == 200
+    r = client.post("/000000000000/nope", content=b"{}",
+                    headers={**headers, "X-Amz-Target": "AmazonSQS.GetQueueAttributes"})
+    assert r.status_code == 400 and r.json()["__type"] == "com.amazonaws.sqs#QueueDoesNotExist"
+
+    def chunks():
+        for _ in range(20):
+            yield b"y" * 100
+
+    assert client.post("/", content=chunks(), headers=headers).status_code == 413  # streamed, no length
+    text = client.get("/metrics").text
+    assert 'http_requests_total{method="POST",path="/",status="200"} 1.0' in text
+    assert 'http_requests_total{method="POST",path="/{account_id}/{queue_name}",status="400"} 1.0' in text
+    assert 'http_requests_total{method="POST",path="/",status="413"} 1.0' in text
