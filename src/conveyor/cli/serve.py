@@ -15,7 +15,8 @@ log = logging.getLogger("conveyor.serve")
 @click.option("--host", envvar="CONVEYOR_HOST", default=None, help="Bind address [env CONVEYOR_HOST; default 127.0.0.1].")
 @click.option("--port", envvar="CONVEYOR_PORT", type=int, default=None, help="Port [env CONVEYOR_PORT; default 9324].")
 @click.option("--workers", envvar="CONVEYOR_WORKERS", type=int, default=None,
-              help="Server processes sharing the port, one per core to use [env CONVEYOR_WORKERS; default 1].")
+              help="Server processes sharing the port, one per core to use "
+                   "[env CONVEYOR_WORKERS; default 1].")
 @click.option("--auth", "auth_mode", envvar="CONVEYOR_AUTH", type=click.Choice(["none", "header", "token"]),
               default=None, help="Authentication [env CONVEYOR_AUTH; default header: any Authorization header].")
 @click.option("--fusion/--no-fusion", default=None, help="Fuse concurrent sends into one SQL call [env CONVEYOR_FUSION].")
@@ -30,8 +31,8 @@ def serve(obj, host, port, workers, auth_mode, fusion, migrate, log_level) -> No
     Without DATABASE_URL it starts (and on exit stops) Conveyor's embedded PostgreSQL."""
     from conveyor.server import run
 
-    settings = obj.settings(host=host, port=port, workers=workers, auth_mode=auth_mode, fusion=fusion, migrate=migrate,
-                            log_level=log_level)
+    settings = obj.settings(host=host, port=port, workers=workers, auth_mode=auth_mode, fusion=fusion,
+                            migrate=migrate, log_level=log_level)
     logging.getLogger().setLevel(settings.log_level.upper())
     with context.database_url(settings) as dsn:
         where = "DATABASE_URL" if settings.database_url else "the embedded cluster"

@@ -66,7 +66,7 @@ class App(Starlette):
     ``/{account_id}/{queue_name}``) taken on a short path: straight to the gateway through
     the same telemetry and body limit, without the router and exception middleware that
     the REST API needs. Those are the hot calls of SQS clients; the layers skipped cost
-    about a tenth of a SendMessage's server CPU (docs/benchmarks.md, "Amazon SQS")."""
+    70-100 us of a SendMessage's ~580 us of server CPU (measured in process)."""
 
     def __init__(self, *, aws: ASGIApp, **kwargs: Any) -> None:
         super().__init__(**kwargs)
