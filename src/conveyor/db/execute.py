@@ -75,7 +75,10 @@ def _params(params: Mapping[str, Any] | None) -> dict[str, Any]:
 
 @functools.cache
 def _row_maker(cls: type, columns: tuple[str, ...]) -> Any:
-    wanted = set(types.field_names(cls))
+    fields = tuple(types.field_names(cls))
+    if columns == fields:  # the common case: the query selects the fields, in order
+        return lambda values: cls(*values)
+    wanted = set(fields)
     keep = [(i, name) for i, name in enumerate(columns) if name in wanted]
     return lambda values: cls(**{name: values[i] for i, name in keep})
 

@@ -178,32 +178,72 @@ def _b64(raw: str, path: str) -> bytes:
 
 def from_json(shape: Shape, value: Any, path: str = "") -> Any:
     """Check a JSON-protocol value against its shape, decoding blobs."""
+    try:
+        return _from_json(shape, value)
+    except _Misfit as exc:
+        where = ".".join(part for part in (path, *reversed(exc.parts)) if part)
+        raise ShapeError(where or "body", exc.reason) from None
+
+
+class _Misfit(Exception):
+    """A value that does not fit, on its way up: each level adds its name to ``parts``, so
+    the error's path is only built when there is an error."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.parts: list[str] = []
+
+
+def _from_json(shape: Shape, value: Any) -> Any:
     if value is None:
         return None
-    if value.__class__ is str and shape.__class__ is Scalar and shape.kind == "string":
-        return value  # the common case first
+    if shape.__class__ is Scalar:
+        if value.__class__ is str and shape.kind == "string":  # the common case first
+            return value
+        try:
+            return _json_scalar(shape, value, "")
+        except ShapeError as exc:
+            raise _Misfit(exc.reason) from None
     if isinstance(shape, Struct):
         if not isinstance(value, dict):
-            raise ShapeError(path or "body", "must be an object")
+            raise _Misfit("must be an object")
         out = {}
         members = shape._normalised
         for name, item in value.items():
             member = members.get(name)
-            if member is not None:
-                converted = from_json(member.shape, item, _join(path, name))
-                if converted is not None:
-                    out[name] = converted
+            if member is None or item is None:
+                continue
+            try:
+                converted = _from_json(member.shape, item)
+            except _Misfit as exc:
+                exc.parts.append(name)
+                raise
+            if converted is not None:
+                out[name] = converted
         return out
     if isinstance(shape, ListOf):
         if not isinstance(value, list):
-            raise ShapeError(path, "must be a list")
-        return [from_json(shape.member, item, f"{path}.{i}") for i, item in enumerate(value, 1)]
+            raise _Misfit("must be a list")
+        items = []
+        for i, item in enumerate(value, 1):
+            try:
+                items.append(_from_json(shape.member, item))
+            except _Misfit as exc:
+                exc.parts.append(str(i))
+                raise
+        return items
     if isinstance(shape, MapOf):
         if not isinstance(value, dict):
-            raise ShapeError(path, "must be a map")
-        return {k: from_json(shape.value, v, f"{path}.{k}") for k, v in value.items()}
-    assert isinstance(shape, Scalar)
-    return _json_scalar(shape, value, path)
+            raise _Misfit("must be a map")
+        entries = {}
+        for key, item in value.items():
+            try:
+                entries[key] = _from_json(shape.value, item)
+            except _Misfit as exc:
+                exc.parts.append(key)
+                raise
+        return entries
+    raise TypeError(f"not a shape: {shape!r}")
 
 
 def _json_scalar(shape: Scalar, value: Any, path: str) -> Any:
@@ -226,10 +266,6 @@ def _json_scalar(shape: Scalar, value: Any, path: str) -> Any:
             raise ShapeError(path, "must be a base64 string")
         return _b64(value, path)
     raise TypeError(shape.kind)
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
 
 
 # -- values -> XML -----------------------------------------------------------------------

@@ -63,6 +63,7 @@ Error codes, statuses and wording — what AWS's Query-protocol services (SQS, S
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -87,6 +88,7 @@ SIGNATURE_MISMATCH = (
 _PRESIGN_REQUIRED = ("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Signature",
                      "X-Amz-SignedHeaders", "X-Amz-Date")
 _AUTH_TOKENS = re.compile(r"[,\s]+")
+_CREDENTIAL = re.compile(r"(?:^|[,\s])Credential=([^,\s]*)")
 _AMZ_DATE = re.compile(r"\d{8}T\d{6}Z")
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
@@ -153,8 +155,12 @@ def parse_scope(authorization: str | None) -> Scope | None:
     algorithm, _, rest = authorization.strip().partition(" ")
     if algorithm != ALGORITHM:
         return None
-    credential = _auth_fields(rest).get("Credential")
-    return _scope_from_credential(credential) if credential else None
+    match = _CREDENTIAL.search(rest)  # = _auth_fields(rest).get("Credential"), without the dict
+    if not match or not match[1]:
+        return None
+    credential = match[1]
+    # one scope per key, day and region: the same on most requests, so remembered
+    return _remembered_scope(credential) if len(credential) <= 256 else _scope_from_credential(credential)
 
 
 def parse_query_scope(query_string: str) -> Scope | None:
@@ -174,6 +180,9 @@ def _scope_from_credential(credential: str) -> Scope | None:
     if len(parts) != 5 or not all(parts) or parts[4] != TERMINATOR:
         return None
     return Scope(*parts[:4])
+
+
+_remembered_scope = functools.lru_cache(maxsize=1024)(_scope_from_credential)
 
 
 def _auth_fields(rest: str) -> dict[str, str]:

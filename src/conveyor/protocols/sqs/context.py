@@ -11,6 +11,7 @@ clients send ``https://sqs.us-east-1.amazonaws.com/...`` and the like.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
@@ -42,8 +43,7 @@ class Context(RegionScope):
         queue_url = queue_url or self.path_queue_url
         if not queue_url:
             raise SqsError("MissingParameter", "The request must contain the parameter QueueUrl.")
-        path = urlsplit(queue_url).path if "://" in queue_url else queue_url
-        parts = [unquote(p) for p in path.split("/") if p]
+        parts = _url_parts(queue_url)
         if len(parts) != 2:
             raise SqsError("QueueDoesNotExist", NO_QUEUE)
         account, name = parts
@@ -59,6 +59,20 @@ class Context(RegionScope):
         if account != self.account_id:
             raise SqsError("QueueDoesNotExist", NO_QUEUE)
         return self.internal(name, region)
+
+
+def _url_parts(queue_url: str) -> tuple[str, ...]:
+    """The decoded, non-empty segments of a queue URL's path. Clients send the same few
+    URLs over and over, so they are remembered (those of a sane length only)."""
+    return _remembered_url_parts(queue_url) if len(queue_url) <= 512 else _split_url(queue_url)
+
+
+def _split_url(queue_url: str) -> tuple[str, ...]:
+    path = urlsplit(queue_url).path if "://" in queue_url else queue_url
+    return tuple(unquote(p) for p in path.split("/") if p)
+
+
+_remembered_url_parts = functools.lru_cache(maxsize=4096)(_split_url)
 
 
 def is_valid_name(name: str) -> bool:
