@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -29,10 +30,13 @@ class ServerProcess:
                     "CONVEYOR_HOST": "127.0.0.1", "CONVEYOR_LOG_LEVEL": "warning", **(env or {})}
         self.args = args or []
         self.proc: subprocess.Popen[bytes] | None = None
+        # a file, not a pipe: a pipe nobody reads fills up (64 KiB of logged errors) and
+        # then blocks the server's next log line, and with it the server
+        self.log = tempfile.TemporaryFile()
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", *self.args],
-                                     env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -47,11 +51,9 @@ class ServerProcess:
         raise RuntimeError(f"server did not start in {timeout}s: {self.output()}")
 
     def output(self) -> str:
-        if self.proc is None or self.proc.stdout is None:
-            return ""
-        if self.proc.poll() is None:
-            return "(still running)"
-        return self.proc.stdout.read().decode(errors="replace")
+        """What the server has printed so far (logs go to stdout and stderr)."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
