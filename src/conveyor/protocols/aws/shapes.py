@@ -131,7 +131,10 @@ def _read_list(shape: ListOf, form: Mapping[str, str], key: str) -> list[Any] | 
         entry = f"{base}.{i}"
         if not _present(form, entry):
             break
-        items.append(_read(shape.member, form, entry))
+        item = _read(shape.member, form, entry)
+        if item is None:  # "List.member.2=x" where an entry is a structure, or only sub-keys of a scalar
+            raise ShapeError(entry, "must be a structure" if isinstance(shape.member, Struct) else "missing")
+        items.append(item)
     if not items:
         return [] if form.get(key) == "" else None  # "Name=" is how Query says "empty list"
     return items
@@ -147,7 +150,10 @@ def _read_map(shape: MapOf, form: Mapping[str, str], key: str) -> dict[str, Any]
         name = form.get(f"{entry}.{shape.key_name}")
         if name is None:
             raise ShapeError(f"{entry}.{shape.key_name}", "missing")
-        out[name] = _read(shape.value, form, f"{entry}.{shape.value_name}")
+        value = _read(shape.value, form, f"{entry}.{shape.value_name}")
+        if value is None:
+            raise ShapeError(f"{entry}.{shape.value_name}", "missing")
+        out[name] = value
     return out or None
 
 
@@ -227,7 +233,7 @@ def _from_json(shape: Shape, value: Any) -> Any:
         items = []
         for i, item in enumerate(value, 1):
             try:
-                items.append(_from_json(shape.member, item))
+                items.append(_not_null(shape.member, item))
             except _Misfit as exc:
                 exc.parts.append(str(i))
                 raise
@@ -238,12 +244,19 @@ def _from_json(shape: Shape, value: Any) -> Any:
         entries = {}
         for key, item in value.items():
             try:
-                entries[key] = _from_json(shape.value, item)
+                entries[key] = _not_null(shape.value, item)
             except _Misfit as exc:
                 exc.parts.append(key)
                 raise
         return entries
     raise TypeError(f"not a shape: {shape!r}")
+
+
+def _not_null(shape: Shape, value: Any) -> Any:
+    """A list item or map value: null there is no "absent" but a value that does not fit."""
+    if value is None:
+        raise _Misfit("must not be null")
+    return _from_json(shape, value)
 
 
 def _json_scalar(shape: Scalar, value: Any, path: str) -> Any:
@@ -312,8 +325,16 @@ def _text(shape: Scalar, value: Any) -> str:
     return str(value)
 
 
+# characters XML 1.0 allows nowhere, not even as character references
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
 def xml_text(text: str) -> str:
     """Escape text for an XML element. A carriage return is written as a character
     reference: XML parsers turn a literal CR (and CRLF) into LF, which would change the
-    message body that the client then checks against MD5OfBody."""
+    message body that the client then checks against MD5OfBody. Characters XML cannot
+    carry at all (stored messages never hold them, error messages may quote them from a
+    request) become U+FFFD, so that the document still parses."""
+    if _NOT_XML.search(text):
+        text = _NOT_XML.sub("\ufffd", text)
     return escape(text).replace("\r", "&#xD;")
