@@ -72,6 +72,8 @@ def test_subscribe_errors(sns, make_topic, make_queue):
     _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="https://x.example/"),
            "InvalidParameter", message="Invalid parameter: Endpoint must match the specified protocol")
     _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https:///nohost"), "InvalidParameter")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https://[::1/x"), "InvalidParameter",
+           message="Invalid parameter: Endpoint Reason: not a valid URL")
     _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint="http://not-an-arn"), "InvalidParameter",
            message="Invalid parameter: SQS endpoint ARN")
     _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs",

@@ -197,3 +197,5 @@ def test_queue_url_resolved_by_path_whatever_the_host(sqs, make_queue):
     assert sqs.receive_message(QueueUrl=url)["Messages"][0]["Body"] == "via a foreign host"
     with pytest.raises(sqs.exceptions.QueueDoesNotExist):
         sqs.send_message(QueueUrl=f"http://x/123456789012/{_name(url)}", MessageBody="other account")
+    with pytest.raises(sqs.exceptions.QueueDoesNotExist):
+        sqs.send_message(QueueUrl=f"http://[::1/000000000000/{_name(url)}", MessageBody="a malformed host")

@@ -79,7 +79,10 @@ def _changes(given: dict[str, str], *, one: bool = False) -> dict[str, Any]:
 def _check_endpoint(protocol: str, endpoint: str | None) -> str:
     if not endpoint:
         raise invalid("Endpoint")
-    parts = urlsplit(endpoint)
+    try:
+        parts = urlsplit(endpoint)  # raises for a malformed IPv6 host ("https://[::1")
+    except ValueError:
+        raise invalid("Endpoint", "not a valid URL") from None
     if parts.scheme.lower() != protocol:
         raise invalid("Endpoint must match the specified protocol")
     try:

@@ -68,7 +68,10 @@ def _url_parts(queue_url: str) -> tuple[str, ...]:
 
 
 def _split_url(queue_url: str) -> tuple[str, ...]:
-    path = urlsplit(queue_url).path if "://" in queue_url else queue_url
+    try:
+        path = urlsplit(queue_url).path if "://" in queue_url else queue_url
+    except ValueError:  # a malformed IPv6 host ("http://[::1/..."): names no queue
+        return ()
     return tuple(unquote(p) for p in path.split("/") if p)
 
 
