@@ -31,6 +31,18 @@ def test_body_limit_by_content_length_and_by_stream(client):
     assert r.status_code == 413
 
 
+def test_aws_clients_get_an_oversized_body_refused_in_their_own_protocol(client):
+    big = b"x" * 2000  # announced by Content-Length: refused before it is read
+    sns = client.post("/", content=big, headers={"Content-Type": "application/x-amz-json-1.0",
+                                                 "X-Amz-Target": "AmazonSNS.Publish"})
+    assert sns.status_code == 413 and sns.json()["__type"] == "com.amazonaws.sns#RequestEntityTooLarge"
+    assert sns.headers["x-amzn-query-error"] == "RequestEntityTooLarge;Sender" and sns.headers["x-amzn-RequestId"]
+    query = client.post("/", content=b"Action=SendMessage&MessageBody=" + big,
+                        headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert query.status_code == 413 and query.headers["content-type"].startswith("text/xml")
+    assert "<Code>RequestEntityTooLarge</Code>" in query.text and "<RequestId>" in query.text
+
+
 def test_missing_authorization_is_403_but_health_is_open(client):
     assert client.get("/v1/queues", headers={"Authorization": ""}).status_code == 200
     bare = TestClient(client.app)
@@ -81,7 +93,10 @@ def test_aws_endpoints_take_the_short_path_with_telemetry_and_body_limit(client)
         for _ in range(20):
             yield b"y" * 100
 
-    assert client.post("/", content=chunks(), headers=headers).status_code == 413  # streamed, no length
+    too_large = client.post("/", content=chunks(), headers=headers)  # streamed, no length
+    assert too_large.status_code == 413
+    assert too_large.json() == {"__type": "com.amazonaws.sqs#RequestEntityTooLarge",
+                                "message": "request body larger than 1000 bytes"}
     text = client.get("/metrics").text
     assert 'http_requests_total{method="POST",path="/",status="200"} 1.0' in text
     assert 'http_requests_total{method="POST",path="/{account_id}/{queue_name}",status="400"} 1.0' in text

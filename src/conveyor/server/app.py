@@ -44,8 +44,6 @@ async def _aws_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     request = Request(scope, receive)
     try:
         response = await aws_gateway.endpoint(request)
-    except HTTPException as exc:  # the body ran over the limit while it streamed in
-        response = await rest.http_error(request, exc)
     except Exception as exc:  # noqa: BLE001 - the gateway answers its own errors; this is a bug
         response = await _internal_error(request, exc)
     await response(scope, receive, send)

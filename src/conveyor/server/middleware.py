@@ -100,7 +100,10 @@ class Auth:
 
 class BodyLimit:
     """Reject request bodies over ``limit`` bytes with 413, whether announced by
-    Content-Length or discovered while streaming."""
+    Content-Length or discovered while streaming. Either way the rejection is raised where
+    the body is read, as an ``HTTPException``, so that each protocol answers it in its own
+    format (the REST API's JSON error, an AWS error for SQS and SNS clients); an announced
+    length over the limit is refused before a byte of the body is read."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -111,18 +114,16 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await _reply(send, 413, f"request body larger than {self.limit} bytes", "RequestTooLarge")
-            return
-        seen = 0
+        seen = -1 if length is not None and (not length.isdigit() or int(length) > self.limit) else 0
 
         async def limited_receive() -> Message:
             nonlocal seen
+            if seen < 0:
+                raise HTTPException(413, f"request body larger than {self.limit} bytes")
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    # rendered by the app's HTTPException handler, in the protocol's format
                     raise HTTPException(413, f"request body larger than {self.limit} bytes")
             return message
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote_plus
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -46,7 +47,17 @@ def is_sns(request: Request, body: bytes) -> bool:
 
 
 async def endpoint(request: Request) -> Response:
-    body = await request.body()
+    try:
+        body = await request.body()
+    except HTTPException as exc:  # over the server's body limit (see server.middleware.BodyLimit)
+        return _unread(request, exc)
     if is_sns(request, body):
         return await sns.handle(request.app.state.aws, request, body)
     return await sqs.handle(request.app.state.aws, request, body)
+
+
+def _unread(request: Request, exc: HTTPException) -> Response:
+    """An AWS error for a body that was not read: SNS's when the target header names SNS;
+    otherwise SQS's, since a Query request's action is in the body that was refused."""
+    sns_target = request.headers.get("x-amz-target", "").startswith("AmazonSNS.")
+    return (sns if sns_target else sqs).reject(request, "RequestEntityTooLarge", exc.detail)
