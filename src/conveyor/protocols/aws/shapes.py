@@ -335,6 +335,6 @@ def xml_text(text: str) -> str:
     message body that the client then checks against MD5OfBody. Characters XML cannot
     carry at all (stored messages never hold them, error messages may quote them from a
     request) become U+FFFD, so that the document still parses."""
-    if _NOT_XML.search(text):
+    if not text.isprintable() and _NOT_XML.search(text):  # isprintable: a quick "none here" for most text
         text = _NOT_XML.sub("\ufffd", text)
     return escape(text).replace("\r", "&#xD;")
