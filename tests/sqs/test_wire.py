@@ -84,6 +84,22 @@ def test_unknown_action_and_bad_input(server, send):
         assert r.status_code == 400 and "<Code>MissingParameter</Code>" in r.text
 
 
+def test_large_query_forms(server):
+    """A form of many fields is read in one pass (a list's entries once looked for by a scan of
+    every field each), and one of more fields than any real request has is refused."""
+    created = ET.fromstring(_query(server, Action="CreateQueue", QueueName="wire-wide").text)
+    url = created.find("sqs:CreateQueueResult/sqs:QueueUrl", NS).text
+    entries = {f"SendMessageBatchRequestEntry.{i}.{k}": f"{k[0]}{i}" for i in range(1, 11)
+               for k in ("Id", "MessageBody")}
+    stray = {f"Stray.{i}.a.b": "x" for i in range(9_000)}
+    r = _query(server, Action="SendMessageBatch", QueueUrl=url, **entries, **stray)
+    root = ET.fromstring(r.text)
+    assert r.status_code == 200, r.text
+    assert sorted(e.text for e in root.iter("{%s}Id" % NS["sqs"])) == sorted(f"I{i}" for i in range(1, 11))
+    r = _query(server, Action="ListQueues", **{f"Stray.{i}": "x" for i in range(10_001)})
+    assert r.status_code == 400 and "The request has more than 10000 parameters." in r.text
+
+
 def test_missing_authorization_is_refused_in_aws_terms(server):
     r = httpx.post(server.url + "/", data={"Action": "ListQueues"})
     assert r.status_code == 403 and "<Code>MissingAuthenticationToken</Code>" in r.text

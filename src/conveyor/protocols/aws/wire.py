@@ -28,6 +28,7 @@ from starlette.responses import Response
 from conveyor.protocols.aws import shapes
 
 JSON_CONTENT_TYPE = "application/x-amz-json-1.0"
+MAX_FORM_FIELDS = 10_000  # fields of a Query request, in its body and in its query string each
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,18 @@ def is_json(headers: Mapping[str, str]) -> bool:
 
 
 def form_fields(body: bytes, query_string: str) -> dict[str, str]:
-    """Query-protocol fields from the query string and a form-encoded body (body wins)."""
-    fields = dict(parse_qsl(query_string, keep_blank_values=True))
-    if body:
-        try:
-            fields.update(parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False))
-        except UnicodeDecodeError:
-            raise WireError("InvalidParameterValue", "The request body is not valid UTF-8.", "query") from None
+    """Query-protocol fields from the query string and a form-encoded body (body wins).
+    At most ``MAX_FORM_FIELDS`` in each: the largest real request (a batch of ten entries
+    with ten message attributes each) has about 500."""
+    try:
+        fields = dict(parse_qsl(query_string, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS))
+        if body:
+            fields.update(parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS))
+    except UnicodeDecodeError:
+        raise WireError("InvalidParameterValue", "The request body is not valid UTF-8.", "query") from None
+    except ValueError:  # parse_qsl: "Max number of fields exceeded"
+        raise WireError("InvalidParameterValue", f"The request has more than {MAX_FORM_FIELDS} parameters.",
+                        "query") from None
     return fields
 
 
