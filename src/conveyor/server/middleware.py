@@ -114,11 +114,12 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        seen = -1 if length is not None and (not length.isdigit() or int(length) > self.limit) else 0
+        announced_over = length is not None and (not length.isdigit() or int(length) > self.limit)
+        seen = 0
 
         async def limited_receive() -> Message:
             nonlocal seen
-            if seen < 0:
+            if announced_over:
                 raise HTTPException(413, f"request body larger than {self.limit} bytes")
             message = await receive()
             if message["type"] == "http.request":
