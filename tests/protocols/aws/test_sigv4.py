@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 
 import boto3
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from botocore.auth import SigV4Auth, SigV4QueryAuth
 from botocore.awsrequest import AWSRequest, AWSResponse
 from botocore.credentials import Credentials
@@ -454,3 +456,35 @@ def test_parse_scope_examples():
     assert parse_query_scope("Action=ListQueues") is None
     assert parse_query_scope("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=A%2F20261122%2Fap-south-1"
                              "%2Fsns%2Faws4_request") == Scope("A", "20261122", "ap-south-1", "sns")
+
+
+# -- whatever a client sends, the verifier answers with a SignatureError --------------------
+
+_PART = st.sampled_from([
+    "AWS4-HMAC-SHA256", "AWS4-HMAC-SHA1", "Credential=", f"Credential={KEY}/20260101/{REGION}/{SERVICE}/aws4_request",
+    f"Credential={KEY}/2026x101/{REGION}/{SERVICE}/aws4_request", f"Credential={KEY}//{REGION}/{SERVICE}/aws4_request",
+    "Credential=a/b/c/d/e/f", "SignedHeaders=host;x-amz-date", "SignedHeaders=", "SignedHeaders=;;",
+    "Signature=" + "0" * 64, "Signature=zz", ",", " ", "=", "==", "\t"]) | st.text(max_size=12)
+_DATE = st.sampled_from(["20260101T000000Z", "20261301T000000Z", "20260101T250000Z", "2026", "",
+                         "Thu, 01 Jan 2026 00:00:00 GMT", "Fri, 31 Feb 2026 00:00:00 GMT"]) | st.text(max_size=20)
+_QUERY = st.lists(st.tuples(st.sampled_from(["X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Expires",
+                                             "X-Amz-SignedHeaders", "X-Amz-Signature", "Action"]) | st.text(max_size=5),
+                            _DATE | _PART), max_size=7).map(lambda pairs: "&".join(f"{k}={v}" for k, v in pairs))
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(authorization=st.none() | st.lists(_PART, max_size=8).map(" ".join), amz_date=st.none() | _DATE,
+       http_date=st.none() | _DATE, query=_QUERY, sha=st.none() | st.sampled_from(["UNSIGNED-PAYLOAD", "x", "0" * 64]),
+       path=st.sampled_from(["/", "//a/../b", "/%zz", "/a b", ""]) | st.text(max_size=10))
+def test_any_request_gets_an_identity_or_a_signature_error(authorization, amz_date, http_date, query, sha, path):
+    headers = [("host", "sqs.eu-west-1.amazonaws.com")]
+    for name, value in (("authorization", authorization), ("x-amz-date", amz_date), ("date", http_date),
+                        ("x-amz-content-sha256", sha)):
+        if value is not None:
+            headers.append((name, value))
+    try:
+        verify("POST", path, query, headers, b"Action=ListQueues", SECRETS, now=datetime(2026, 1, 1, tzinfo=UTC))
+    except SignatureError as exc:
+        assert exc.code and exc.message
+    parse_scope(authorization)
+    parse_query_scope(query)
