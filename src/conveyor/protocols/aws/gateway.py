@@ -19,10 +19,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from conveyor.protocols.aws import wire
+from conveyor.protocols.aws import service, wire
 from conveyor.protocols.sns import dispatch as sns
+from conveyor.protocols.sns.errors import SnsError
 from conveyor.protocols.sns.shapes import ACTIONS as SNS_ACTIONS
 from conveyor.protocols.sqs import dispatch as sqs
+from conveyor.protocols.sqs.errors import SqsError
 
 _ACTION = re.compile(rb"(?:^|&)Action=([^&]*)")
 
@@ -59,5 +61,8 @@ async def endpoint(request: Request) -> Response:
 def _unread(request: Request, exc: HTTPException) -> Response:
     """An AWS error for a body that was not read: SNS's when the target header names SNS;
     otherwise SQS's, since a Query request's action is in the body that was refused."""
-    sns_target = request.headers.get("x-amz-target", "").startswith("AmazonSNS.")
-    return (sns if sns_target else sqs).reject(request, "RequestEntityTooLarge", exc.detail)
+    if request.headers.get("x-amz-target", "").startswith("AmazonSNS."):
+        target, error = sns.SERVICE, SnsError("RequestEntityTooLarge", exc.detail)
+    else:
+        target, error = sqs.SERVICE, SqsError("RequestEntityTooLarge", exc.detail)
+    return wire.error(target, service.protocol(request), error.info(), wire.new_request_id())

@@ -96,8 +96,3 @@ async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> R
         log.exception("SNS request failed")
         failure = SnsError("InternalErrorException", INTERNAL)
     return wire.error(SERVICE, protocol, failure.info(), request_id)
-
-
-def reject(request: Request, name: str, message: str) -> Response:
-    """An SNS error answered before the request was read (its body over the limit)."""
-    return wire.error(SERVICE, service.protocol(request), SnsError(name, message).info(), wire.new_request_id())

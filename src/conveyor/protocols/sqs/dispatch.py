@@ -86,8 +86,3 @@ async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> R
         log.exception("SQS request failed")
         failure = SqsError("InternalError", "We encountered an internal error. Please try again.")
     return wire.error(SERVICE, protocol, failure.info(), request_id)
-
-
-def reject(request: Request, name: str, message: str) -> Response:
-    """An SQS error answered before the request was read (its body over the limit)."""
-    return wire.error(SERVICE, service.protocol(request), SqsError(name, message).info(), wire.new_request_id())
