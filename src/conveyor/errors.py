@@ -17,6 +17,8 @@
     │   ├── QueueAlreadyExists     (CVQ02)
     │   ├── ScheduleAlreadyExists  (CVC02)
     │   ├── MessageNotInFlight     (CVM02)
+    │   ├── StaleReceipt           — the message was delivered again since this receipt
+    │   ├── BatchPartlyReceived    (CVS05) — a stream batch was not handed out whole
     │   └── StagedRowsMissing      (CVP01) — a Spark write's staged rows were lost; nothing published
     ├── InvalidInput             400 — the request is malformed or out of range (CVV01)
     │   ├── DataException          (SQLSTATE class 22: bad encodings, numbers out of range)
@@ -24,6 +26,7 @@
     ├── PermissionDenied         403 — the caller's role may not do this (42501)
     ├── Unauthorized             403 — no or unknown credentials
     ├── Unavailable              503 — the database cannot be reached right now
+    │   ├── Throttled              — too much is waiting already: retry later
     │   └── SchemaMissing          (3F000) — the Conveyor schema is not installed
     │       └── SchemaOutdated     (42883) — it lacks a function this code needs
     └── InternalError            500 — anything else; details go to the log, not the client
@@ -125,6 +128,15 @@ class MessageNotInFlight(Conflict, sqlstate="CVM02"):
     pass
 
 
+class StaleReceipt(Conflict):
+    """A receipt for a delivery that is over: the message's visibility timeout ran out and
+    it was received again, so only the newer receipt may act on it."""
+
+
+class BatchPartlyReceived(Conflict, sqlstate="CVS05"):
+    """A stream batch handed out in pages was acknowledged before its last page."""
+
+
 class StagedRowsMissing(Conflict, sqlstate="CVP01"):
     """The rows a Spark task staged are gone (e.g. PostgreSQL crashed: the stage is
     unlogged); the job fails rather than publish part of its output."""
@@ -152,6 +164,11 @@ class Unauthorized(ConveyorError):
 
 class Unavailable(ConveyorError):
     pass
+
+
+class Throttled(Unavailable):
+    """Admission control refused the request: the server already has as much waiting as
+    it accepts (see docs/operations.md, "Overload"). Safe to retry after a pause."""
 
 
 class SchemaMissing(Unavailable, sqlstate="3F000"):

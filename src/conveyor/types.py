@@ -237,6 +237,18 @@ class ReceiveParams:
     qty: int = 1
     vt: int | None = None
     wait: float | None = None
+    # FIFO queues: a repeatable receive (SQS ReceiveRequestAttemptId); a retry with the same
+    # id gets the same messages again for five minutes, long poll or not
+    attempt_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRef:
+    """A message at one delivery, as a consumer acknowledges it: ``receive_count`` is the
+    count it was received at (from its receipt), None for whichever delivery is current."""
+
+    id: int
+    receive_count: int | None = None
 
 
 # -- schedules (docs/schedules.md) ------------------------------------------------------------

@@ -30,6 +30,25 @@ async def test_send_receive_delete(conn):
     assert await messages.delete(conn, "jobs", [mid]) == []
 
 
+async def test_acknowledgements_by_delivery(conn):
+    """The SQL API's receipt-checked forms: only the receive count a consumer got acts, so a
+    late consumer cannot acknowledge the delivery of the one that received the message after it."""
+    await queues.create(conn, "jobs")
+    ids = [s.id for s in await messages.send_batch(conn, "jobs", [M("a"), M("b")])]
+    await messages.receive(conn, "jobs", qty=2, vt=0)
+    again = await messages.receive(conn, "jobs", qty=2, vt=60)
+    assert [m.receive_count for m in again] == [2, 2]
+    assert await messages.delete(conn, "jobs", ids, [1, 1]) == []
+    assert await messages.archive(conn, "jobs", ids, [1, 1]) == []
+    assert await messages.fail(conn, "jobs", ids[0], "late", receive_count=1) is False
+    assert await messages.set_vt(conn, "jobs", ids, 0, receive_counts=[1, 1]) == []
+    assert [m.id for m in await messages.set_vt(conn, "jobs", ids, 60, receive_counts=[2, None])] == ids
+    assert await messages.archive(conn, "jobs", [ids[0]], [2]) == [ids[0]]
+    assert await messages.delete(conn, "jobs", [ids[1]], [2]) == [ids[1]]
+    with pytest.raises(errors.InvalidInput):
+        await messages.delete(conn, "jobs", ids, [1])
+
+
 async def test_bodies_are_stored_byte_exact(conn):
     await queues.create(conn, "jobs")
     bodies = ["  padded  \n", "emoji 🎉 and ünïcödé", '{"a": 1,   "b":[ ]}', "\t\r\n", "x" * 200_000,

@@ -24,6 +24,43 @@ def test_send_receive_delete(http, q):
     assert http.delete(f"{q}/messages/{mid}").status_code == 404
 
 
+def test_receipts_act_only_for_the_current_delivery(http, q):
+    """A worker whose visibility timeout ran out cannot delete, complete, fail or extend the
+    message once another worker received it: its receipt is stale (409), the message stays."""
+    mid = http.post(f"{q}/messages", json={"message": "job"}).json()["id"]
+    [late] = http.get(f"{q}/messages", params={"vt": 0}).json()
+    [current] = http.get(f"{q}/messages", params={"vt": 60}).json()
+    assert late["receipt"] != current["receipt"] and late["id"] == current["id"] == mid
+    stale = {"receipt": late["receipt"]}
+    for method, path, body in (("DELETE", "", None), ("PATCH", "", {"vt": 0}), ("POST", "/complete", None),
+                               ("POST", "/fail", {"error": "late"})):
+        r = http.request(method, f"{q}/messages/{mid}{path}", params=stale, json=body)
+        assert r.status_code == 409 and r.json()["code"] == "StaleReceipt", (method, path, r.text)
+    assert http.request("DELETE", f"{q}/messages", json={"receipts": [late["receipt"]]}).json() == {"deleted": []}
+    assert http.get(f"/v1/queues/{q.rsplit('/', 1)[1]}").json()["in_flight"] == 1
+    r = http.patch(f"{q}/messages/{mid}", params={"receipt": current["receipt"]}, json={"vt": 30})
+    assert r.status_code == 200
+    assert http.request("DELETE", f"{q}/messages", json={"receipts": [current["receipt"]]}).json() == {"deleted": [mid]}
+    r = http.delete(f"{q}/messages/{mid}", params={"receipt": current["receipt"]})
+    assert r.status_code == 404 and r.json()["code"] == "MessageNotFound"
+
+
+def test_receipts_are_checked(http, q, queue_name):
+    ids = http.post(f"{q}/messages", json=[{"message": "a"}, {"message": "b"}]).json()["ids"]
+    got = http.get(f"{q}/messages", params={"max": 2}).json()
+    for bad in ("x", got[0]["receipt"][:-2], got[0]["receipt"] + "A"):
+        r = http.delete(f"{q}/messages/{ids[0]}", params={"receipt": bad})
+        assert r.status_code == 400 and r.json()["code"] == "InvalidInput", r.text
+    r = http.delete(f"{q}/messages/{ids[1]}", params={"receipt": got[0]["receipt"]})
+    assert r.status_code == 400 and f"for message {ids[0]}" in r.json()["error"]
+    other = f"{queue_name}-other"
+    http.post("/v1/queues", json={"name": other})
+    r = http.delete(f"/v1/queues/{other}/messages/{ids[0]}", params={"receipt": got[0]["receipt"]})
+    assert r.status_code == 400
+    r = http.request("DELETE", f"{q}/messages", json={"ids": [1], "receipts": [got[0]["receipt"]]})
+    assert r.status_code == 400
+
+
 def test_string_bodies_are_byte_exact(http, q):
     bodies = ["plain", '{"looks": "like json" }', "  spaces  ", "ünï 🎉", "a\r\nb\tc"]
     ids = http.post(f"{q}/messages", json=[{"message": b} for b in bodies]).json()["ids"]

@@ -49,8 +49,9 @@ def subscribe(http, s, *consumers):
         assert http.post(f"{s}/consumers", json={"name": c}).status_code == 201
 
 
-def receive(http, s, consumer, wait=10, max=1000):
-    r = http.get(f"{s}/consumers/{consumer}/batch", params={"wait": wait, "max": max})
+def receive(http, s, consumer, wait=10, max=1000, after=None):
+    params = {"wait": wait, "max": max} | ({"after": after} if after is not None else {})
+    r = http.get(f"{s}/consumers/{consumer}/batch", params=params)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -192,6 +193,23 @@ def test_consumers_fan_out(http, s):
     assert [c["name"] for c in http.get(f"{s}/consumers").json()] == ["a"]
 
 
+def test_a_batch_received_in_part_cannot_be_acknowledged(http, s):
+    """max cuts a batch into pages: the answer says so, and acknowledging before the last
+    page was received is refused, so no event is finished unseen."""
+    subscribe(http, s, "c")
+    ids = http.post(f"{s}/events", json=[{"payload": str(i)} for i in range(5)]).json()["ids"]
+    first = receive(http, s, "c", max=2)
+    assert [e["id"] for e in first["events"]] == ids[:2] and first["complete"] is False
+    batch = first["batch_id"]
+    assert "after" in error(http.post(f"{s}/batches/{batch}/ack"), 409, "BatchPartlyReceived")
+    second = receive(http, s, "c", max=2, after=ids[1])
+    assert [e["id"] for e in second["events"]] == ids[2:4] and second["complete"] is False
+    error(http.post(f"{s}/batches/{batch}/ack"), 409, "BatchPartlyReceived")
+    last = receive(http, s, "c", max=2, after=ids[3])
+    assert [e["id"] for e in last["events"]] == ids[4:] and last["complete"] is True
+    assert http.post(f"{s}/batches/{batch}/ack").status_code == 204
+
+
 def test_the_open_batch_until_ack_then_the_next(http, s):
     subscribe(http, s, "c")
     ids = http.post(f"{s}/events", json=[{"payload": "one"}, {"payload": "two"}, {"payload": "three"}]).json()["ids"]
@@ -200,7 +218,7 @@ def test_the_open_batch_until_ack_then_the_next(http, s):
     whole = receive(http, s, "c", wait=0)
     assert whole["batch_id"] == part["batch_id"] and [e["id"] for e in whole["events"]] == ids
     assert http.post(f"{s}/batches/{whole['batch_id']}/ack").status_code == 204
-    assert receive(http, s, "c", wait=0) == {"batch_id": None, "events": []}
+    assert receive(http, s, "c", wait=0) == {"batch_id": None, "events": [], "complete": True}
     error(http.post(f"{s}/batches/{whole['batch_id']}/ack"), 404, "BatchNotFound")
 
     later = http.post(f"{s}/events", json={"payload": "four"}).json()["id"]
@@ -325,7 +343,7 @@ async def test_long_poll_times_out_empty(stream_server, s):
         await c.post(f"{s}/consumers", json={"name": "c"})
         started = time.monotonic()
         r = await c.get(f"{s}/consumers/c/batch", params={"wait": 1.5})
-        assert r.json() == {"batch_id": None, "events": []}
+        assert r.json() == {"batch_id": None, "events": [], "complete": True}
         assert 1.4 <= time.monotonic() - started < 5
 
 

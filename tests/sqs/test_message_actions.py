@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import struct
+import threading
 import time
 
 import botocore.exceptions
@@ -239,6 +240,60 @@ def test_receipt_handles(sqs, make_queue):
     assert [(f["Id"], f["Code"]) for f in result["Failed"]] == [("bad", "ReceiptHandleIsInvalid")]
 
 
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _forgeries(queue: str, message_id: int, receive_count: int) -> list[str]:
+    """Handles for a delivery the caller never received, made by someone who knows the
+    format but not the server's key: with an unkeyed digest as the check (the format
+    Conveyor used before its handles were keyed), or a plausible tag."""
+    payload = f"{queue}\0{message_id}\0{receive_count}\0abcd1234"
+    unkeyed = f"{payload}\0{hashlib.sha256(payload.encode()).hexdigest()[:8]}"
+    return [_b64(unkeyed.encode()),
+            f"{_b64(payload.encode())}.{_b64(hashlib.sha256(payload.encode()).digest()[:16])}"]
+
+
+def test_receipt_handles_cannot_be_forged(sqs, make_queue):
+    url = make_queue()
+    queue = url.rsplit("/", 1)[1]
+    for body in ("one", "two"):
+        sqs.send_message(QueueUrl=url, MessageBody=body)
+    [m] = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=60)["Messages"]
+    [other] = [i for i, body in ((1, "one"), (2, "two")) if body != m["Body"]]
+    for forged in _forgeries(queue, other, 0) + _forgeries(queue, other, 1):
+        with pytest.raises(botocore.exceptions.ClientError) as err:
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=forged)
+        assert error_code(err.value) == "ReceiptHandleIsInvalid"
+    assert int(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"][
+        "ApproximateNumberOfMessages"]) == 1  # the message nobody received is still there
+
+
+def test_a_stale_receipt_acts_on_nothing(sqs, make_queue):
+    """A consumer whose visibility timeout ran out and whose message went to another
+    consumer cannot delete it from under the other, nor change its visibility: SQS answers
+    success (delete) and keeps the message; only the newest handle acts."""
+    url = make_queue()
+    sqs.send_message(QueueUrl=url, MessageBody="job")
+    [first] = sqs.receive_message(QueueUrl=url, VisibilityTimeout=1)["Messages"]
+    time.sleep(1.2)
+    [second] = sqs.receive_message(QueueUrl=url, VisibilityTimeout=60, WaitTimeSeconds=2)["Messages"]
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])  # succeeds, deletes nothing
+    result = sqs.delete_message_batch(QueueUrl=url, Entries=[{"Id": "a", "ReceiptHandle": first["ReceiptHandle"]}])
+    assert [s["Id"] for s in result["Successful"]] == ["a"]
+    with pytest.raises(sqs.exceptions.MessageNotInflight):
+        sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0)
+    result = sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
+        {"Id": "a", "ReceiptHandle": first["ReceiptHandle"], "VisibilityTimeout": 0}])
+    assert [f["Id"] for f in result["Failed"]] == ["a"]
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attrs["ApproximateNumberOfMessagesNotVisible"] == "1"  # still the second consumer's
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=30)
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"])
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attrs["ApproximateNumberOfMessagesNotVisible"] == "0" and attrs["ApproximateNumberOfMessages"] == "0"
+
+
 def test_queue_delay_and_per_message_delay(sqs, make_queue):
     url = make_queue(DelaySeconds="60")
     sqs.send_message(QueueUrl=url, MessageBody="queue delay")
@@ -301,6 +356,26 @@ def test_receive_request_attempt_id(sqs, make_queue):
         sqs.send_message(QueueUrl=url, MessageBody=body, MessageGroupId="g")
     first = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, ReceiveRequestAttemptId="attempt-1")["Messages"]
     retry = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, ReceiveRequestAttemptId="attempt-1")["Messages"]
+    assert [m["MessageId"] for m in retry] == [m["MessageId"] for m in first]
+
+
+def test_receive_request_attempt_id_with_long_polling(sqs, make_queue):
+    """Messages a long poll receives are recorded under the attempt id too: a retried call
+    (the first answer was lost) gets them again instead of leaving the group blocked."""
+    url = fifo_queue(sqs, make_queue, ContentBasedDeduplication="true")
+
+    def send_later() -> None:
+        time.sleep(0.5)
+        sqs.send_message(QueueUrl=url, MessageBody="late", MessageGroupId="g")
+
+    sender = threading.Thread(target=send_later)
+    sender.start()
+    first = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5, VisibilityTimeout=60,
+                                ReceiveRequestAttemptId="attempt-lp")["Messages"]
+    sender.join()
+    retry = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1, VisibilityTimeout=60,
+                                ReceiveRequestAttemptId="attempt-lp").get("Messages", [])
+    assert [m["Body"] for m in retry] == ["late"]
     assert [m["MessageId"] for m in retry] == [m["MessageId"] for m in first]
 
 

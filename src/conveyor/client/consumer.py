@@ -302,8 +302,10 @@ class Consumer:
         if not events:
             return BatchResult(None)
         batch_id = events[0].batch_id
-        if len(events) >= self.batch_size:  # the ack finishes all of it: take all of it
-            events = await streams.batch_events(conn, batch_id)
+        page = events
+        while len(page) >= self.batch_size:  # the ack finishes all of it: take all of it
+            page = await streams.receive(conn, self.stream, self.name, self.batch_size, after=page[-1].id)
+            events += page
         ctx = Context(conn if transactional else None, batch_id, self.name, self.stream)
         retried = dead = 0
         for event in events:

@@ -61,26 +61,44 @@ async def peek(conn: Connection, queue: str, qty: int = 10, after_id: int = 0) -
                               row=types.Message)
 
 
-async def delete(conn: Connection, queue: str, ids: Sequence[int]) -> list[int]:
-    """Delete messages; returns the ids that existed."""
-    return sorted(await db.fetch_column(conn, "message_delete", {"queue": queue, "ids": list(ids)}))
+def _counts(ids: Sequence[int], receive_counts: Sequence[int | None] | None) -> list[int | None]:
+    if receive_counts is None:
+        return [None] * len(ids)
+    if len(receive_counts) != len(ids):
+        raise errors.InvalidInput("one receive count per message id")
+    return list(receive_counts)
 
 
-async def archive(conn: Connection, queue: str, ids: Sequence[int]) -> list[int]:
-    """Move messages to the archive as completed; returns the ids that existed."""
-    return sorted(await db.fetch_column(conn, "message_archive", {"queue": queue, "ids": list(ids)}))
+async def delete(conn: Connection, queue: str, ids: Sequence[int],
+                 receive_counts: Sequence[int | None] | None = None) -> list[int]:
+    """Delete messages; returns the ids deleted. With ``receive_counts`` (one per id, None
+    for any), only messages still at that delivery go: a consumer whose message was
+    received again since cannot delete it from under the newer one."""
+    return sorted(await db.fetch_column(conn, "message_delete", {
+        "queue": queue, "ids": list(ids), "receive_counts": _counts(ids, receive_counts)}))
 
 
-async def fail(conn: Connection, queue: str, message_id: int, reason: str | None = None) -> bool:
+async def archive(conn: Connection, queue: str, ids: Sequence[int],
+                  receive_counts: Sequence[int | None] | None = None) -> list[int]:
+    """Move messages to the archive as completed; returns the ids archived (``receive_counts``
+    as for ``delete``)."""
+    return sorted(await db.fetch_column(conn, "message_archive", {
+        "queue": queue, "ids": list(ids), "receive_counts": _counts(ids, receive_counts)}))
+
+
+async def fail(conn: Connection, queue: str, message_id: int, reason: str | None = None,
+               receive_count: int | None = None) -> bool:
     """Fail a message: to the dead-letter queue, else to the archive as failed."""
-    return bool(await db.fetch_value(conn, "message_fail",
-                                     {"queue": queue, "id": message_id, "reason": reason}))
+    return bool(await db.fetch_value(conn, "message_fail", {
+        "queue": queue, "id": message_id, "reason": reason, "receive_count": receive_count}))
 
 
-async def set_vt(conn: Connection, queue: str, ids: Sequence[int], vt: int,
-                 in_flight_only: bool = False) -> list[types.Message]:
-    """Make messages visible again in ``vt`` seconds; returns those changed."""
-    rows = await db.fetch_all(conn, "message_set_vt",
-                              {"queue": queue, "ids": list(ids), "vt": vt, "in_flight_only": in_flight_only},
-                              row=types.Message)
+async def set_vt(conn: Connection, queue: str, ids: Sequence[int], vt: int, in_flight_only: bool = False,
+                 receive_counts: Sequence[int | None] | None = None) -> list[types.Message]:
+    """Make messages visible again in ``vt`` seconds; returns those changed (``receive_counts``
+    as for ``delete``)."""
+    rows = await db.fetch_all(conn, "message_set_vt", {
+        "queue": queue, "ids": list(ids), "receive_counts": _counts(ids, receive_counts), "vt": vt,
+        "in_flight_only": in_flight_only}, row=types.Message)
     return sorted(rows, key=lambda m: m.id)
+

@@ -60,11 +60,18 @@ async def unsubscribe(conn: Connection, name: str, consumer: str) -> bool:
     return bool(await db.fetch_value(conn, "stream_unsubscribe", {"name": name, "consumer": consumer}))
 
 
-async def receive(conn: Connection, name: str, consumer: str, max_events: int = 1000) -> list[types.StreamEvent]:
-    """The consumer's next batch (empty if there is none yet). Acknowledging it finishes all
-    of it, so ask for as many events as you will process."""
-    return await db.fetch_all(conn, "stream_receive", {"name": name, "consumer": consumer, "max": max_events},
-                              row=types.StreamEvent)
+async def receive(conn: Connection, name: str, consumer: str, max_events: int = 1000,
+                  after: int | None = None) -> list[types.StreamEvent]:
+    """The consumer's next batch (empty if there is none yet), ``max_events`` at a time: the
+    first page, or with ``after`` the events of the open batch after that id. ``ack``
+    refuses a batch until its last page has been received."""
+    return await db.fetch_all(conn, "stream_receive", {"name": name, "consumer": consumer, "max": max_events,
+                                                       "after": after}, row=types.StreamEvent)
+
+
+async def batch_read_all(conn: Connection, batch_id: int) -> bool | None:
+    """Whether ``receive`` has handed out the batch's last event (None: not read that way)."""
+    return await db.fetch_value(conn, "stream_batch_read_all", {"batch_id": batch_id})
 
 
 async def next_batch(conn: Connection, name: str, consumer: str, *, min_lag: dt.timedelta | None = None,

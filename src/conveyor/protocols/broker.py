@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from conveyor import types
+from conveyor.core import receipts
 
 
 class Broker(Protocol):
@@ -27,17 +28,24 @@ class Broker(Protocol):
         """Receive, long-polling up to ``params.wait`` without holding a connection."""
 
     async def stream_receive(self, stream: str, consumer: str, max_events: int,
-                             wait: float = 0.0) -> list[types.StreamEvent]:
-        """A stream consumer's next batch, long-polling up to ``wait`` seconds."""
+                             wait: float = 0.0, after: int | None = None) -> list[types.StreamEvent]:
+        """A stream consumer's next batch, long-polling up to ``wait`` seconds; with
+        ``after``, the next page of the open batch."""
 
-    async def delete(self, queue: str, ids: Sequence[int]) -> list[int]: ...
+    # Acknowledgements act on deliveries: a message at the receive count its receipt names
+    # (None: whichever delivery is current). Each returns what it acted on.
+    async def delete(self, queue: str, deliveries: Sequence[types.MessageRef]) -> list[int]: ...
 
-    async def archive(self, queue: str, ids: Sequence[int]) -> list[int]: ...
+    async def archive(self, queue: str, deliveries: Sequence[types.MessageRef]) -> list[int]: ...
 
-    async def fail(self, queue: str, message_id: int, reason: str | None) -> bool: ...
+    async def fail(self, queue: str, delivery: types.MessageRef, reason: str | None) -> bool: ...
 
-    async def set_vt(self, queue: str, ids: Sequence[int], vt: int,
+    async def set_vt(self, queue: str, deliveries: Sequence[types.MessageRef], vt: int,
                      in_flight_only: bool = False) -> list[types.Message]: ...
+
+    @property
+    def receipts(self) -> receipts.Keyring:
+        """Makes and checks the receipts of queue deliveries (one key per database)."""
 
     def topic_urls(self, base_url: str | None = None) -> types.TopicUrls:
         """ARN region/account and URLs for SNS envelopes; ``base_url`` (what the client

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from conveyor import errors, types
-from conveyor.core import messages, queues, signing, streams, topics
+from conveyor.core import messages, queues, receipts, signing, streams, topics
 from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
 from conveyor.server.fusion import Fuser
@@ -54,6 +54,7 @@ class ServerBroker:
         self.waiters = WaiterHub(database.dsn, self._mark_listened, listen_seconds=settings.listen_seconds,
                                  poll_fallback=settings.poll_fallback_seconds)
         self._signer: signing.Signer | None = None
+        self._receipts: receipts.Keyring | None = None
         self._signer_lock = asyncio.Lock()
 
     @contextlib.asynccontextmanager
@@ -62,11 +63,12 @@ class ServerBroker:
             yield conn
 
     async def _timed(self, histogram, queue, coro):  # noqa: ANN001, ANN202 - internal helper
+        """Await ``coro``, timing it under the queue's label only if it succeeds: a queue
+        that does not exist (any name a client makes up) gets no series."""
         started = time.perf_counter()
-        try:
-            return await coro
-        finally:
-            self.metrics.series(histogram, queue).observe(time.perf_counter() - started)
+        result = await coro
+        self.metrics.series(histogram, queue).observe(time.perf_counter() - started)
+        return result
 
     # -- send ------------------------------------------------------------------------
 
@@ -88,10 +90,14 @@ class ServerBroker:
 
     # -- receive ---------------------------------------------------------------------
 
-    async def _receive_db(self, queue: str, qty: int, vt: int | None) -> list[types.Message]:
+    async def _receive_db(self, queue: str, qty: int, vt: int | None,
+                          attempt_id: str | None = None) -> list[types.Message]:
         async with self.database.connection() as conn:
-            got = await self._timed(self.metrics.receive_duration, queue,
-                                    messages.receive(conn, queue, qty=qty, vt=vt))
+            if attempt_id is None:
+                ask = messages.receive(conn, queue, qty=qty, vt=vt)
+            else:  # recorded under the attempt id, whichever turn of a long poll gets them
+                ask = messages.receive_attempt(conn, queue, attempt_id, qty=qty, vt=vt)
+            got = await self._timed(self.metrics.receive_duration, queue, ask)
         self.metrics.record_received(queue, got)
         return got
 
@@ -104,7 +110,7 @@ class ServerBroker:
         # and a group must go to one consumer at a time
         if "receive" in self.fusers and not queue.endswith(".fifo"):
             return await self.fusers["receive"].submit((queue, params.vt), params.qty)
-        return await self._receive_db(queue, params.qty, params.vt)
+        return await self._receive_db(queue, params.qty, params.vt, params.attempt_id)
 
     async def receive(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
         started = time.monotonic()
@@ -153,13 +159,13 @@ class ServerBroker:
     # -- streams -----------------------------------------------------------------------
 
     async def stream_receive(self, stream: str, consumer: str, max_events: int,
-                             wait: float = 0.0) -> list[types.StreamEvent]:
+                             wait: float = 0.0, after: int | None = None) -> list[types.StreamEvent]:
         """The consumer's next batch, long-polling up to ``wait`` seconds for a tick
-        without holding a connection."""
+        without holding a connection; with ``after``, the open batch's next page."""
         started = time.monotonic()
-        got = await self._stream_receive_once(stream, consumer, max_events)
+        got = await self._stream_receive_once(stream, consumer, max_events, after)
         wait = min(max(wait, 0.0), float(self.settings.max_wait_seconds))
-        if got or wait <= 0 or self.waiters.closing:
+        if got or wait <= 0 or after is not None or self.waiters.closing:
             return got
         with self.waiters.register(stream_key(stream)) as waiter:
             self.metrics.long_pollers.inc()
@@ -175,9 +181,10 @@ class ServerBroker:
             finally:
                 self.metrics.long_pollers.dec()
 
-    async def _stream_receive_once(self, stream: str, consumer: str, max_events: int) -> list[types.StreamEvent]:
+    async def _stream_receive_once(self, stream: str, consumer: str, max_events: int,
+                                   after: int | None = None) -> list[types.StreamEvent]:
         async with self.database.connection() as conn:
-            return await streams.receive(conn, stream, consumer, max_events)
+            return await streams.receive(conn, stream, consumer, max_events, after)
 
     # -- topics ----------------------------------------------------------------------
 
@@ -210,44 +217,61 @@ class ServerBroker:
 
     # -- acknowledge -----------------------------------------------------------------
 
-    async def _delete_db(self, queue: str, ids: Sequence[int]) -> list[int]:
+    async def _delete_db(self, queue: str, deliveries: Sequence[types.MessageRef]) -> list[int]:
         async with self.database.connection() as conn:
-            done = await self._timed(self.metrics.delete_duration, queue, messages.delete(conn, queue, ids))
+            done = await self._timed(self.metrics.delete_duration, queue, messages.delete(
+                conn, queue, [d.id for d in deliveries], [d.receive_count for d in deliveries]))
         self.metrics.series(self.metrics.deleted, queue).inc(len(done))
         return done
 
-    async def _delete_fused(self, queue: str, requests: Sequence[Sequence[int]]) -> list[list[int]]:
-        remaining = set(await self._delete_db(queue, [i for r in requests for i in r]))
+    async def _delete_fused(self, queue: str, requests: Sequence[Sequence[types.MessageRef]]) -> list[list[int]]:
+        remaining = set(await self._delete_db(queue, [d for r in requests for d in r]))
         answers = []
         for r in requests:  # an id asked for twice counts for the first asker only
-            mine = [i for i in r if i in remaining]
+            mine = [d.id for d in r if d.id in remaining]
             remaining.difference_update(mine)
             answers.append(mine)
         return answers
 
-    async def delete(self, queue: str, ids: Sequence[int]) -> list[int]:
+    async def delete(self, queue: str, deliveries: Sequence[types.MessageRef]) -> list[int]:
         if "delete" in self.fusers:
-            return await self.fusers["delete"].submit(queue, ids)
-        return await self._delete_db(queue, ids)
+            return await self.fusers["delete"].submit(queue, deliveries)
+        return await self._delete_db(queue, deliveries)
 
-    async def archive(self, queue: str, ids: Sequence[int]) -> list[int]:
+    async def archive(self, queue: str, deliveries: Sequence[types.MessageRef]) -> list[int]:
         async with self.database.connection() as conn:
-            done = await self._timed(self.metrics.delete_duration, queue, messages.archive(conn, queue, ids))
+            done = await self._timed(self.metrics.delete_duration, queue, messages.archive(
+                conn, queue, [d.id for d in deliveries], [d.receive_count for d in deliveries]))
         self.metrics.series(self.metrics.deleted, queue).inc(len(done))
         return done
 
-    async def fail(self, queue: str, message_id: int, reason: str | None) -> bool:
+    async def fail(self, queue: str, delivery: types.MessageRef, reason: str | None) -> bool:
         async with self.database.connection() as conn:
-            return await messages.fail(conn, queue, message_id, reason)
+            return await messages.fail(conn, queue, delivery.id, reason, delivery.receive_count)
 
-    async def set_vt(self, queue: str, ids: Sequence[int], vt: int,
+    async def set_vt(self, queue: str, deliveries: Sequence[types.MessageRef], vt: int,
                      in_flight_only: bool = False) -> list[types.Message]:
         async with self.database.connection() as conn:
-            return await messages.set_vt(conn, queue, ids, vt, in_flight_only)
+            return await messages.set_vt(conn, queue, [d.id for d in deliveries], vt, in_flight_only,
+                                         [d.receive_count for d in deliveries])
+
+    # -- receipts ----------------------------------------------------------------------
+
+    @property
+    def receipts(self) -> receipts.Keyring:
+        """The database's receipt key, loaded when the server started."""
+        if self._receipts is None:
+            raise errors.Unavailable("the server has not loaded its receipt key yet")
+        return self._receipts
+
+    async def _load_receipts(self) -> None:
+        async with self.database.connection() as conn:
+            self._receipts = await receipts.load(conn)
 
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
+        await self._load_receipts()
         await self.waiters.start()
         with contextlib.suppress(errors.ConveyorError):
             await self.signer()  # load (or create) the SNS key now rather than on the first publish

@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor import errors, types
+from conveyor.core import messages
 from conveyor.protocols.rest import models, render
 from conveyor.protocols.rest import request as req
 from conveyor.protocols.rest.context import broker
@@ -40,49 +41,84 @@ async def send(request: Request) -> Response:
 
 async def receive(request: Request) -> Response:
     q = req.query(request, models.ReceiveQuery)
-    got = await broker(request).receive(req.queue_name(request),
-                                        types.ReceiveParams(qty=q.max, vt=q.vt, wait=q.wait))
-    return render.json([render.message(m) for m in got])
+    name = req.queue_name(request)
+    b = broker(request)
+    got = await b.receive(name, types.ReceiveParams(qty=q.max, vt=q.vt, wait=q.wait))
+    return render.json([render.message(m, b.receipts.encode(name, m.id, m.receive_count)) for m in got])
+
+
+def _delivery(request: Request, receipt: str) -> types.MessageRef:
+    """The delivery a receipt names, refused unless it is one of this queue's."""
+    found = broker(request).receipts.decode(receipt, req.queue_name(request))
+    if found is None:
+        raise errors.InvalidInput(f"invalid receipt {receipt[:60]!r}: not a receipt of queue "
+                                  f"{req.queue_name(request)!r}")
+    return types.MessageRef(found.message_id, found.receive_count)
+
+
+def _target(request: Request) -> types.MessageRef:
+    """The message of a /messages/{id} route, at the delivery its ?receipt= names if any."""
+    mid = req.message_id(request)
+    receipt = req.query(request, models.ReceiptQuery).receipt
+    if receipt is None:
+        return types.MessageRef(mid)
+    delivery = _delivery(request, receipt)
+    if delivery.id != mid:
+        raise errors.InvalidInput(f"the receipt is for message {delivery.id}, not {mid}")
+    return delivery
 
 
 async def delete_batch(request: Request) -> Response:
     spec = await req.body(request, models.DeleteBatch)
-    done = await broker(request).delete(req.queue_name(request), spec.ids)
+    if (spec.ids is None) == (spec.receipts is None):
+        raise errors.InvalidInput("invalid request: give either ids or receipts")
+    deliveries = ([types.MessageRef(i) for i in spec.ids] if spec.ids is not None
+                  else [_delivery(request, r) for r in spec.receipts or ()])
+    done = await broker(request).delete(req.queue_name(request), deliveries)
     return render.json({"deleted": done})
 
 
-def _not_found(request: Request, mid: int) -> Response:
-    return render.error(errors.MessageNotFound(
-        f"message {mid} does not exist in queue {req.queue_name(request)!r}"))
+async def _missed(request: Request, delivery: types.MessageRef) -> Response:
+    """Why acting on a delivery did nothing: the message is gone (404), or it was received
+    again since the receipt was given out (409)."""
+    queue = req.queue_name(request)
+    if delivery.receive_count is not None:
+        async with broker(request).connection() as conn:
+            still = await messages.peek(conn, queue, qty=1, after_id=delivery.id - 1)
+        if still and still[0].id == delivery.id:
+            return render.error(errors.StaleReceipt(
+                f"message {delivery.id} was received again after this receipt was given out; "
+                "only the newest delivery's receipt acts on it"))
+    return render.error(errors.MessageNotFound(f"message {delivery.id} does not exist in queue {queue!r}"))
 
 
 async def delete_one(request: Request) -> Response:
-    mid = req.message_id(request)
-    if not await broker(request).delete(req.queue_name(request), [mid]):
-        return _not_found(request, mid)
+    delivery = _target(request)
+    if not await broker(request).delete(req.queue_name(request), [delivery]):
+        return await _missed(request, delivery)
     return Response(status_code=204)
 
 
 async def change_visibility(request: Request) -> Response:
-    mid = req.message_id(request)
+    delivery = _target(request)
     spec = await req.body(request, models.Visibility)
-    changed = await broker(request).set_vt(req.queue_name(request), [mid], spec.vt)
+    changed = await broker(request).set_vt(req.queue_name(request), [delivery], spec.vt)
     if not changed:
-        return _not_found(request, mid)
-    return render.json({"id": mid, "visible_at": changed[0].vt})
+        return await _missed(request, delivery)
+    return render.json({"id": delivery.id, "visible_at": changed[0].vt})
 
 
 async def complete(request: Request) -> Response:
-    mid = req.message_id(request)
-    if not await broker(request).archive(req.queue_name(request), [mid]):
-        return _not_found(request, mid)
+    delivery = _target(request)
+    if not await broker(request).archive(req.queue_name(request), [delivery]):
+        return await _missed(request, delivery)
     return Response(status_code=204)
 
 
 async def fail(request: Request) -> Response:
-    mid = req.message_id(request)
+    delivery = _target(request)
     raw = await request.body()
     reason = (await req.body(request, models.Fail)).error if raw else None
-    if not await broker(request).fail(req.queue_name(request), mid, reason):
-        return _not_found(request, mid)
+    if not await broker(request).fail(req.queue_name(request), delivery, reason):
+        return await _missed(request, delivery)
     return Response(status_code=204)

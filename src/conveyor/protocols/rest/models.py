@@ -91,8 +91,14 @@ class SentBatch(BaseModel):
     ids: list[int]
 
 
+Receipt = Annotated[str, Field(min_length=1, max_length=1024, description=(
+    "the receipt of one delivery, from the receive; only the newest delivery's receipt acts"))]
+
+
 class Message(BaseModel):
     id: int
+    receipt: str = Field(description="give it back to delete, complete, fail or change the visibility of "
+                                     "this delivery; stale once the message is received again")
     message: JsonValue
     headers: dict[str, Any] | None
     receive_count: int
@@ -110,7 +116,16 @@ class ReceiveQuery(_Strict):
 
 
 class DeleteBatch(_Strict):
-    ids: Annotated[list[MessageId], Field(min_length=1, max_length=10000)]
+    ids: Annotated[list[MessageId], Field(min_length=1, max_length=10000, description=(
+        "delete by id, whatever delivery is current (an administrative act)"))] | None = None
+    receipts: Annotated[list[Receipt], Field(min_length=1, max_length=10000, description=(
+        "delete these deliveries: a message received again since is left alone"))] | None = None
+
+
+class ReceiptQuery(_Strict):
+    receipt: Receipt | None = Field(None, description=(
+        "act only while this delivery is current (409 StaleReceipt once the message was received again); "
+        "without it the message is acted on by id, whatever delivery is current"))
 
 
 class Deleted(BaseModel):
@@ -300,12 +315,17 @@ class Event(BaseModel):
 class ReceivedBatch(BaseModel):
     batch_id: int | None = Field(description="null when there is nothing to receive")
     events: list[Event]
+    complete: bool = Field(description=(
+        "false while the batch has more events than were returned: receive the rest with "
+        "after=<the last event's id>; the batch cannot be acknowledged before (409 BatchPartlyReceived)"))
 
 
 class StreamReceiveQuery(_Strict):
     max: Annotated[int, Field(ge=1, le=10000, description=(
-        "events to return at most; acknowledging finishes the whole batch, returned or not"))] = 1000
+        "events to return at most (a page of the batch)"))] = 1000
     wait: Annotated[float, Field(ge=0, le=20, description="long-poll seconds")] = 0
+    after: Annotated[int, Field(ge=0, le=2**63 - 1, description=(
+        "the open batch's events after this event id (its next page)"))] | None = None
 
 
 class Subscription(_StrictBody):

@@ -55,9 +55,10 @@ def queue_detail(q: types.Queue, m: types.QueueMetrics) -> dict[str, Any]:
     }
 
 
-def message(m: types.Message) -> dict[str, Any]:
+def message(m: types.Message, receipt: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": m.id,
+        "receipt": receipt,
         # JSON bodies are embedded as they were stored, without a parse/serialise round trip
         "message": orjson.Fragment(m.body) if m.is_json else m.body,
         "headers": m.headers,

@@ -241,8 +241,14 @@ async def unsubscribe(request: Request) -> Response:
 async def receive_batch(request: Request) -> Response:
     name, consumer = _stream_name(request), _consumer_name(request)
     q = req.query(request, models.StreamReceiveQuery)
-    got = await broker(request).stream_receive(name, consumer, q.max, q.wait)
-    return render.json({"batch_id": got[0].batch_id if got else None, "events": [_event(e) for e in got]})
+    b = broker(request)
+    got = await b.stream_receive(name, consumer, q.max, q.wait, q.after)
+    complete = True
+    if got:
+        async with b.connection() as conn:
+            complete = await streams.batch_read_all(conn, got[0].batch_id) is not False
+    return render.json({"batch_id": got[0].batch_id if got else None, "events": [_event(e) for e in got],
+                        "complete": complete})
 
 
 # -- batches ---------------------------------------------------------------------------

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor import errors, types
-from conveyor.core import messages
 from conveyor.protocols.sqs import message_attributes as ma
 from conveyor.protocols.sqs import receipts
 from conveyor.protocols.sqs.context import Context
@@ -178,12 +177,8 @@ async def receive_message(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     if attempt is not None and not _ASCII_ID.match(attempt):
         raise invalid_value("ReceiveRequestAttemptId", attempt, "ReceiveRequestAttemptId can contain up to 128 "
                             "alphanumeric and punctuation characters")
-    got: list[types.Message] = []
-    if attempt is not None and queue.endswith(".fifo"):
-        async with ctx.broker.connection() as conn:
-            got = await messages.receive_attempt(conn, queue, attempt, qty=qty, vt=vt)
-    if not got:
-        got = await ctx.broker.receive(queue, types.ReceiveParams(qty=qty, vt=vt, wait=wait))
+    got = await ctx.broker.receive(queue, types.ReceiveParams(
+        qty=qty, vt=vt, wait=wait, attempt_id=attempt if queue.endswith(".fifo") else None))
     system = _system_names(p)
     user = p.get("MessageAttributeNames")
     return {"Messages": [_received(ctx, queue, m, system, user) for m in got]} if got else {}
@@ -198,7 +193,7 @@ def _received(ctx: Context, queue: str, m: types.Message, system: set[str],
               user: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "MessageId": str(m.message_uuid),
-        "ReceiptHandle": receipts.encode(queue, m.id, m.receive_count),
+        "ReceiptHandle": receipts.encode(ctx.broker, queue, m),
         "MD5OfBody": ma.md5_of_body(m.body),
         "Body": m.body,
     }
@@ -238,23 +233,23 @@ def _system_values(ctx: Context, m: types.Message) -> dict[str, str]:
 
 async def delete_message(ctx: Context, p: dict[str, Any]) -> None:
     queue = ctx.queue_from_url(p.get("QueueUrl"))
-    receipt = receipts.decode(p.get("ReceiptHandle"), queue)
-    await ctx.broker.delete(queue, [receipt.message_id])
+    # a handle of a delivery that is over deletes nothing (the newer one may) and succeeds
+    await ctx.broker.delete(queue, [receipts.decode(ctx.broker, p.get("ReceiptHandle"), queue)])
 
 
 async def delete_message_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     queue = ctx.queue_from_url(p.get("QueueUrl"))
     entries = p.get("Entries")
     _check_entries(entries, "DeleteMessageBatchRequestEntry")
-    ids, successful, failed = [], [], []
+    deliveries, successful, failed = [], [], []
     for entry in entries:
         try:
-            ids.append(receipts.decode(entry.get("ReceiptHandle"), queue).message_id)
+            deliveries.append(receipts.decode(ctx.broker, entry.get("ReceiptHandle"), queue))
             successful.append({"Id": entry["Id"]})
         except SqsError as exc:
             failed.append(_failure(entry["Id"], exc))
-    if ids:
-        await ctx.broker.delete(queue, ids)
+    if deliveries:
+        await ctx.broker.delete(queue, deliveries)
     return {"Successful": successful, "Failed": failed}
 
 
@@ -272,9 +267,9 @@ def _not_in_flight() -> SqsError:
 
 async def change_message_visibility(ctx: Context, p: dict[str, Any]) -> None:
     queue = ctx.queue_from_url(p.get("QueueUrl"))
-    receipt = receipts.decode(p.get("ReceiptHandle"), queue)
+    delivery = receipts.decode(ctx.broker, p.get("ReceiptHandle"), queue)
     vt = _visibility(p.get("VisibilityTimeout"))
-    if not await ctx.broker.set_vt(queue, [receipt.message_id], vt, in_flight_only=True):
+    if not await ctx.broker.set_vt(queue, [delivery], vt, in_flight_only=True):
         raise _not_in_flight()
 
 
@@ -282,19 +277,19 @@ async def change_message_visibility_batch(ctx: Context, p: dict[str, Any]) -> di
     queue = ctx.queue_from_url(p.get("QueueUrl"))
     entries = p.get("Entries")
     _check_entries(entries, "ChangeMessageVisibilityBatchRequestEntry")
-    by_vt: dict[int, list[tuple[str, int]]] = {}
+    by_vt: dict[int, list[tuple[str, types.MessageRef]]] = {}
     failed = []
     for entry in entries:
         try:
-            receipt = receipts.decode(entry.get("ReceiptHandle"), queue)
-            by_vt.setdefault(_visibility(entry.get("VisibilityTimeout")), []).append((entry["Id"], receipt.message_id))
+            delivery = receipts.decode(ctx.broker, entry.get("ReceiptHandle"), queue)
+            by_vt.setdefault(_visibility(entry.get("VisibilityTimeout")), []).append((entry["Id"], delivery))
         except SqsError as exc:
             failed.append(_failure(entry["Id"], exc))
     successful = []
     for vt, pairs in by_vt.items():  # one call per distinct timeout
-        changed = {m.id for m in await ctx.broker.set_vt(queue, [mid for _, mid in pairs], vt, in_flight_only=True)}
-        for entry_id, mid in pairs:
-            if mid in changed:
+        changed = {m.id for m in await ctx.broker.set_vt(queue, [d for _, d in pairs], vt, in_flight_only=True)}
+        for entry_id, delivery in pairs:
+            if delivery.id in changed:
                 successful.append({"Id": entry_id})
             else:
                 failed.append(_failure(entry_id, _not_in_flight()))

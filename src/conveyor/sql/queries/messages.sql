@@ -17,18 +17,21 @@ SELECT * FROM conveyor.message_pop(%(queue)s::text, %(qty)s::integer)
 -- name: message_peek
 SELECT * FROM conveyor.message_peek(%(queue)s::text, %(qty)s::integer, %(after_id)s::bigint)
 
+-- Acknowledgements take the receive count of each delivery (NULL: whichever is current),
+-- see migration 0007.
+
 -- name: message_delete
-SELECT conveyor.message_delete(%(queue)s::text, %(ids)s::bigint[])
+SELECT conveyor.message_delete(%(queue)s::text, %(ids)s::bigint[], %(receive_counts)s::integer[])
 
 -- name: message_archive
-SELECT conveyor.message_archive(%(queue)s::text, %(ids)s::bigint[])
+SELECT conveyor.message_archive(%(queue)s::text, %(ids)s::bigint[], %(receive_counts)s::integer[])
 
 -- name: message_fail
-SELECT conveyor.message_fail(%(queue)s::text, %(id)s::bigint, %(reason)s::text)
+SELECT conveyor.message_fail(%(queue)s::text, %(id)s::bigint, %(reason)s::text, %(receive_count)s::integer)
 
 -- name: message_set_vt
-SELECT * FROM conveyor.message_set_vt(%(queue)s::text, %(ids)s::bigint[], %(vt)s::integer,
-                                      %(in_flight_only)s::boolean)
+SELECT * FROM conveyor.message_set_vt(%(queue)s::text, %(ids)s::bigint[], %(receive_counts)s::integer[],
+                                      %(vt)s::integer, %(in_flight_only)s::boolean)
 
 -- name: message_receive_attempt
 SELECT * FROM conveyor.message_receive_attempt(%(queue)s::text, %(attempt_id)s::text, %(vt)s::integer,

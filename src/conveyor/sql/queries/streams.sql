@@ -29,7 +29,11 @@ SELECT conveyor.stream_subscribe(%(name)s::text, %(consumer)s::text)
 SELECT conveyor.stream_unsubscribe(%(name)s::text, %(consumer)s::text)
 
 -- name: stream_receive
-SELECT * FROM conveyor.stream_receive(%(name)s::text, %(consumer)s::text, %(max)s::integer)
+SELECT * FROM conveyor.stream_receive(%(name)s::text, %(consumer)s::text, %(max)s::integer,
+                                      %(after)s::bigint)
+
+-- name: stream_batch_read_all
+SELECT conveyor.stream_batch_read_all(%(batch_id)s::bigint)
 
 -- name: stream_next_batch
 SELECT conveyor.stream_next_batch_custom(%(name)s::text, %(consumer)s::text, %(min_lag)s::interval,
