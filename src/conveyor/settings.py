@@ -24,14 +24,17 @@ def _bool(value: str) -> bool:
     raise ValueError(f"expected a boolean (true/false), got {value!r}")
 
 
-def parse_credentials(spec: str) -> dict[str, str]:
-    """``"AKID1:secret1,AKID2:secret2"`` -> {access key: secret key}."""
-    pairs: dict[str, str] = {}
+def parse_credentials(spec: str) -> dict[str, tuple[str, str]]:
+    """``"AKID1:secret1,AKID2:secret2:read"`` -> {access key: (secret key, role)}; the role
+    (read, write or admin) defaults to admin."""
+    pairs: dict[str, tuple[str, str]] = {}
     for item in filter(None, (p.strip() for p in spec.split(","))):
-        key, sep, secret = item.partition(":")
-        if not sep or not key or not secret:
-            raise ValueError(f"AWS credentials look like ACCESS_KEY:SECRET_KEY, got {item.split(':')[0]!r}:...")
-        pairs[key] = secret
+        key, sep, rest = item.partition(":")
+        secret, _, role = rest.partition(":")
+        if not sep or not key or not secret or (role and role not in ROLES):
+            raise ValueError(f"AWS credentials look like ACCESS_KEY:SECRET_KEY[:{'|'.join(ROLES)}], "
+                             f"got {key!r}:...")
+        pairs[key] = (secret, role or "admin")
     return pairs
 
 
@@ -94,7 +97,7 @@ class Settings:
     region: str = "us-east-1"
     account_id: str = "000000000000"
     base_url: str | None = None
-    aws_credentials: Mapping[str, str] = field(default_factory=dict)
+    aws_credentials: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # key: (secret, role)
     # webhook deliveries (SNS HTTP/HTTPS subscriptions)
     webhook_allow: tuple[str, ...] = ("public",)
     webhook_timeout: float = 5.0

@@ -52,7 +52,7 @@ def _json_data_path() -> str:
 
 
 def sns_client(endpoint_url: str, protocol: str = "query", region: str = REGION, secret_key: str = "secret",
-               **config: object) -> Any:
+               access_key: str = "AKIDCONVEYORTEST", **config: object) -> Any:
     """A boto3 SNS client speaking ``protocol`` ("query", botocore's default, or "json")."""
     session = botocore.session.get_session()
     if protocol == "json":
@@ -60,7 +60,7 @@ def sns_client(endpoint_url: str, protocol: str = "query", region: str = REGION,
     elif protocol != "query":
         raise ValueError(protocol)
     client = boto3.Session(botocore_session=session).client(
-        "sns", endpoint_url=endpoint_url, region_name=region, aws_access_key_id="AKIDCONVEYORTEST",
+        "sns", endpoint_url=endpoint_url, region_name=region, aws_access_key_id=access_key,
         aws_secret_access_key=secret_key, config=botocore.config.Config(retries={"max_attempts": 0}, **config))
     assert client.meta.service_model.protocol == protocol
     return client

@@ -21,6 +21,7 @@ import conveyor
 from conveyor import errors
 from conveyor.db import migrate
 from conveyor.db.pool import Database
+from conveyor.protocols import auth
 from conveyor.protocols.aws import gateway as aws_gateway
 from conveyor.protocols.aws import service as aws_service
 from conveyor.protocols.rest import render
@@ -96,6 +97,10 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
     metrics = Metrics()
     metrics.watch_pool(database.stats)
     broker = ServerBroker(settings, database, metrics)
+    policy = auth.Policy(settings.auth_mode, settings.auth_tokens, settings.aws_credentials)
+    if settings.auth_mode == "token" and not settings.aws_credentials:
+        log.warning("auth mode token without CONVEYOR_AWS_CREDENTIALS: SQS and SNS requests are refused "
+                    "unless they carry a configured bearer token")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -132,14 +137,14 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
         middleware=[
             Middleware(middleware.Telemetry, metrics=metrics),
             Middleware(middleware.BodyLimit, limit=settings.max_request_bytes),
-            Middleware(middleware.Auth, mode=settings.auth_mode, tokens=settings.auth_tokens),
+            Middleware(middleware.Auth, policy=policy),
         ],
         exception_handlers={Exception: _internal_error, HTTPException: rest.http_error},
         lifespan=lifespan,
     )
     app.state.aws = aws_service.Endpoint(  # what the SQS and SNS endpoints know of the server
         broker=broker, region=settings.region, account_id=settings.account_id, base_url=settings.base_url,
-        auth_mode=settings.auth_mode, credentials=dict(settings.aws_credentials))
+        policy=policy)
     app.state.version = conveyor.__version__
     app.state.database = database
     app.state.metrics = metrics

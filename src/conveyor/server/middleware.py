@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
 import orjson
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from conveyor import errors
+from conveyor.protocols import auth
 from conveyor.server.metrics import Metrics
 
-OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/v1/openapi.json"})
+OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/v1/openapi.json", "/SimpleNotificationService.pem"})
 
 
 async def _reply(send: Send, status: int, error: str, code: str) -> None:
@@ -68,33 +69,27 @@ class Telemetry:
 
 
 class Auth:
-    """``none``: everyone may do everything. ``header``: an Authorization header must be
-    present (any value, as seed 000). ``token``: ``Authorization: Bearer <token>`` with a
-    configured token; its role (read/write/admin) is left in the scope for the handlers.
-    Failures are 403; health and metrics stay open."""
+    """Authentication of every plain-HTTP route (REST, and any API added beside it) by the
+    server's one policy (``conveyor.protocols.auth``); the identity it proves is left in
+    the scope (``conveyor.identity``) for the role checks of the handlers. Refusals are
+    403 with the REST error body. Health, metrics, the OpenAPI document and the SNS
+    certificate stay open; the AWS endpoints never come here (the app's short path) and
+    ask the same policy in AWS's terms."""
 
-    def __init__(self, app: ASGIApp, mode: str, tokens: Mapping[str, str]) -> None:
+    def __init__(self, app: ASGIApp, policy: auth.Policy) -> None:
         self.app = app
-        self.mode = mode
-        self.tokens = dict(tokens)
+        self.policy = policy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] != "http" or self.mode == "none" or scope["path"] in OPEN_PATHS
-                or not scope["path"].startswith("/v1/")):
-            # the AWS protocols authenticate in their own terms (SigV4, AWS error shapes)
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        if header is None:
-            await _reply(send, 403, "missing Authorization header", "Unauthorized")
+        try:
+            scope["conveyor.identity"] = self.policy.http(None if header is None else header.decode("latin-1"))
+        except errors.Unauthorized as exc:
+            await _reply(send, 403, exc.message, "Unauthorized")
             return
-        if self.mode == "token":
-            scheme, _, token = header.decode("latin-1").partition(" ")
-            role = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
-            if role is None:
-                await _reply(send, 403, "unknown or malformed bearer token", "Unauthorized")
-                return
-            scope["conveyor.role"] = role
         await self.app(scope, receive, send)
 
 

@@ -13,6 +13,8 @@ from typing import ClassVar
 
 from starlette.requests import Request
 
+from conveyor import errors
+from conveyor.protocols import auth
 from conveyor.protocols.aws import sigv4, wire
 from conveyor.protocols.broker import Broker
 
@@ -25,8 +27,7 @@ class Endpoint:
     region: str
     account_id: str
     base_url: str | None
-    auth_mode: str  # none | header | token (presence of a header) ...
-    credentials: dict[str, str]  # ... or SigV4 against these, when any are configured
+    policy: auth.Policy  # who may call (conveyor.protocols.auth), the same for every protocol
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -63,6 +64,7 @@ class AwsError(Exception):
 
     KINDS: ClassVar[dict[str, Kind]] = {}
     ALIASES: ClassVar[dict[str, str]] = {}
+    ACCESS_DENIED: ClassVar[str] = "AccessDenied"  # the service's name for "your role may not"
 
     def __init__(self, name: str, message: str) -> None:
         super().__init__(message)
@@ -80,27 +82,52 @@ def kinds(*tables: list[Kind]) -> dict[str, Kind]:
 
 # -- a request -------------------------------------------------------------------------------
 
-def authenticate(endpoint: Endpoint, request: Request, body: bytes, error: type[AwsError], *,
-                 anonymous: bool = False) -> sigv4.Scope | None:
-    """The request's SigV4 credential scope (region, access key), if it has one. With
-    credentials configured the signature is verified; otherwise, unless auth is off,
-    some authentication must be present. ``anonymous`` lets an unauthenticated request
-    through (SNS's unsubscribe links)."""
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent an AWS request (``conveyor.protocols.auth``) and the SigV4 credential
+    scope it carried, if any (its region scopes the request's names)."""
+
+    identity: auth.Identity
+    scope: sigv4.Scope | None = None
+
+
+ANONYMOUS = Caller(auth.Identity("read"))  # SNS unsubscribe links; its handler checks the rest
+
+
+def authenticate(endpoint: Endpoint, request: Request, body: bytes, error: type[AwsError]) -> Caller:
+    """The caller of an AWS request by the server's policy, or ``error`` as AWS would
+    answer it: with AWS credentials configured, a SigV4 signature valid for one of them
+    (header or presigned URL); in token mode, that or a configured bearer token; in header
+    mode some authentication must be present; in mode none, anyone may call."""
+    policy = endpoint.policy
     authorization = request.headers.get("authorization")
     query = query_string(request)
     scope = sigv4.parse_scope(authorization) or (sigv4.parse_query_scope(query) if query else None)
-    if anonymous and authorization is None and scope is None:
-        return None
-    if endpoint.credentials:
+    if policy.mode == "token" and auth.is_bearer(authorization):
         try:
-            sigv4.verify(request.method, request.scope.get("raw_path", b"/").decode("latin-1"),
-                         query, [(k, v) for k, v in request.headers.items()], body,
-                         endpoint.credentials)
+            return Caller(policy.bearer(authorization or ""), scope)
+        except errors.Unauthorized as exc:
+            raise error("InvalidClientTokenId", exc.message) from None
+    if policy.verifies_signatures:
+        try:
+            verified = sigv4.verify(request.method, request.scope.get("raw_path", b"/").decode("latin-1"),
+                                    query, [(k, v) for k, v in request.headers.items()], body, policy.aws_secrets)
         except sigv4.SignatureError as exc:
             raise error(exc.code if exc.code in error.KINDS else "AccessDenied", exc.message) from None
-    elif endpoint.auth_mode != "none" and authorization is None and scope is None:
+        return Caller(auth.Identity(policy.aws_role(verified.access_key), verified.access_key), scope)
+    if authorization is None and scope is None and policy.mode != "none":
         raise error("MissingAuthenticationToken", "Request is missing Authentication Token")
-    return scope
+    if policy.mode == "token":
+        raise error("InvalidClientTokenId", "This server takes AWS requests signed with its configured "
+                    "credentials (CONVEYOR_AWS_CREDENTIALS) or bearer tokens only.")
+    return Caller(auth.ADMIN, scope)
+
+
+def authorize(caller: Caller, needed: str, action: str, error: type[AwsError]) -> None:
+    """Refuse, as AWS's AccessDenied, an action the caller's role does not cover."""
+    if not caller.identity.may(needed):
+        raise error(error.ACCESS_DENIED, f"The caller's role ({caller.identity.role}) is not authorized to perform "
+                    f"{action}; it needs the {needed} role.")
 
 
 def base_url(endpoint: Endpoint, request: Request) -> str:

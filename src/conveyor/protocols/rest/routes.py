@@ -15,11 +15,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from conveyor import errors
+from conveyor.protocols import auth
 from conveyor.protocols.rest import events, messages, models, openapi, queues, render, schedules, streams
 from conveyor.protocols.sns import certificate
 
 Handler = Callable[[Request], Awaitable[Response]]
-ROLE_RANK = {"read": 0, "write": 1, "admin": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,10 +178,10 @@ def _guarded(endpoint: Endpoint) -> Handler:
 
     @functools.wraps(endpoint.handler)
     async def handle(request: Request) -> Response:
-        role = request.scope.get("conveyor.role")
+        identity: auth.Identity = request.scope.get("conveyor.identity", auth.ADMIN)
         try:
-            if role is not None and ROLE_RANK[role] < ROLE_RANK[endpoint.role]:
-                raise errors.PermissionDenied(f"this needs the {endpoint.role} role; the token has {role}")
+            if not identity.may(endpoint.role):
+                raise errors.PermissionDenied(f"this needs the {endpoint.role} role; the token has {identity.role}")
             return await endpoint.handler(request)
         except errors.ConveyorError as exc:
             return render.error(exc)

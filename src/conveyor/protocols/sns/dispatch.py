@@ -4,7 +4,9 @@ leaves through one place, rendered as AWS renders SNS errors.
 
 Unsubscribe by ``GET /?Action=Unsubscribe&SubscriptionArn=...`` — the ``UnsubscribeURL`` of
 every envelope — needs no credentials, as on AWS: the subscription's random id in the ARN
-is the capability.
+is the capability. Only such a bare link qualifies (a GET with no body, no target header
+and no credentials, whose query string's action is Unsubscribe); anything else is
+authenticated as every other request.
 """
 
 from __future__ import annotations
@@ -52,14 +54,26 @@ HANDLERS: dict[str, Handler] = {
 }
 assert set(HANDLERS) == set(INPUT), "every SNS action has a handler"
 
+# The role each action needs (conveyor.protocols.auth): as the REST API's for the same act.
+_READ = {"ListTopics", "GetTopicAttributes", "ListSubscriptions", "ListSubscriptionsByTopic",
+         "GetSubscriptionAttributes", "ListTagsForResource"}
+_WRITE = {"Publish", "PublishBatch", "ConfirmSubscription"}
+ROLES = {action: "read" if action in _READ else "write" if action in _WRITE else "admin" for action in HANDLERS}
+
 _SHAPE_MESSAGE = re.compile(r"^Value for parameter (.+) is invalid\. Reason: (.+)\.$")
 
 
-def _is_unsubscribe_link(request: Request) -> bool:
-    return request.method == "GET" and request.query_params.get("Action") == "Unsubscribe"
+def _is_unsubscribe_link(request: Request, body: bytes) -> bool:
+    """A bare unsubscribe link: nothing but the query string can name the action."""
+    headers = request.headers
+    return (request.method == "GET" and not body and "x-amz-target" not in headers
+            and "authorization" not in headers and not wire.is_json(headers)
+            and sigv4.parse_query_scope(service.query_string(request)) is None
+            and request.query_params.get("Action") == "Unsubscribe")
 
 
-def _context(endpoint: service.Endpoint, request: Request, scope: sigv4.Scope | None, call: wire.Call) -> Context:
+def _context(endpoint: service.Endpoint, request: Request, caller: service.Caller, call: wire.Call) -> Context:
+    scope = caller.scope
     return Context(
         broker=endpoint.broker,
         action=call.action,
@@ -82,9 +96,14 @@ async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> R
     request_id = wire.new_request_id()
     protocol = service.protocol(request)
     try:
-        scope = service.authenticate(endpoint, request, body, SnsError, anonymous=_is_unsubscribe_link(request))
+        anonymous = _is_unsubscribe_link(request, body)
+        caller = service.ANONYMOUS if anonymous else service.authenticate(endpoint, request, body, SnsError)
         call = service.read(SERVICE, request, body, request_id)
-        ctx = _context(endpoint, request, scope, call)
+        if not anonymous:
+            service.authorize(caller, ROLES[call.action], call.action, SnsError)
+        elif call.action != "Unsubscribe":  # cannot happen (the link's only field is its query)
+            raise SnsError("AuthorizationErrorException", "Only Unsubscribe may be called without credentials.")
+        ctx = _context(endpoint, request, caller, call)
         return wire.result(call, await HANDLERS[call.action](ctx, call.params))
     except wire.WireError as exc:
         failure = _wire_failure(exc)

@@ -31,6 +31,7 @@ _KINDS = [
     Kind("InvalidBatchEntryIdException", "InvalidBatchEntryId"),
     Kind("TooManyEntriesInBatchRequestException", "TooManyEntriesInBatchRequest"),
     Kind("ValidationException", "ValidationException"),
+    Kind("ThrottledException", "Throttled", 429),
     Kind("InternalErrorException", "InternalError", 500, sender=False),
 ]
 KINDS = kinds(COMMON_KINDS, _KINDS)
@@ -47,6 +48,7 @@ INTERNAL = "Internal error, please try again."
 class SnsError(AwsError):
     KINDS = KINDS
     ALIASES = _WIRE
+    ACCESS_DENIED = "AuthorizationErrorException"
 
 
 def invalid(parameter: str, reason: str | None = None) -> SnsError:
@@ -76,6 +78,8 @@ def from_conveyor(exc: errors.ConveyorError) -> SnsError:
         return SnsError("InvalidParameterException", message)
     if isinstance(exc, (errors.PermissionDenied, errors.Unauthorized)):
         return SnsError("AuthorizationErrorException", "You are not authorized to perform this action.")
+    if isinstance(exc, errors.Throttled):
+        return SnsError("ThrottledException", f"Rate exceeded: {exc.message}")
     if isinstance(exc, errors.Unavailable):
         return SnsError("ServiceUnavailable", "The service is unavailable. Please retry the request.")
     return SnsError("InternalErrorException", INTERNAL)

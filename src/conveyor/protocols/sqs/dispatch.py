@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor import errors
-from conveyor.protocols.aws import service, sigv4, wire
+from conveyor.protocols.aws import service, wire
 from conveyor.protocols.sqs import message_actions, move_task_actions, permission_actions, queue_actions
 from conveyor.protocols.sqs import tag_actions
 from conveyor.protocols.sqs.context import Context
@@ -53,8 +53,16 @@ HANDLERS: dict[str, Handler] = {
 }
 assert set(HANDLERS) == set(INPUT), "every SQS action has a handler"
 
+# The role each action needs (conveyor.protocols.auth): as the REST API's for the same act.
+_READ = {"GetQueueUrl", "GetQueueAttributes", "ListQueues", "ListDeadLetterSourceQueues", "ListQueueTags",
+         "ListMessageMoveTasks"}
+_WRITE = {"SendMessage", "SendMessageBatch", "ReceiveMessage", "DeleteMessage", "DeleteMessageBatch",
+          "ChangeMessageVisibility", "ChangeMessageVisibilityBatch"}
+ROLES = {action: "read" if action in _READ else "write" if action in _WRITE else "admin" for action in HANDLERS}
 
-def _context(endpoint: service.Endpoint, request: Request, scope: sigv4.Scope | None, request_id: str) -> Context:
+
+def _context(endpoint: service.Endpoint, request: Request, caller: service.Caller, request_id: str) -> Context:
+    scope = caller.scope
     account, queue = request.path_params.get("account_id"), request.path_params.get("queue_name")
     return Context(
         broker=endpoint.broker,
@@ -72,9 +80,10 @@ async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> R
     request_id = wire.new_request_id()
     protocol = service.protocol(request)
     try:
-        scope = service.authenticate(endpoint, request, body, SqsError)
+        caller = service.authenticate(endpoint, request, body, SqsError)
         call = service.read(SERVICE, request, body, request_id)
-        ctx = _context(endpoint, request, scope, request_id)
+        service.authorize(caller, ROLES[call.action], call.action, SqsError)
+        ctx = _context(endpoint, request, caller, request_id)
         return wire.result(call, await HANDLERS[call.action](ctx, call.params))
     except wire.WireError as exc:
         failure = SqsError(exc.kind, exc.message)

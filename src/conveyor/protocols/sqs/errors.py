@@ -30,6 +30,7 @@ _KINDS = [
     Kind("PurgeQueueInProgress", "AWS.SimpleQueueService.PurgeQueueInProgress", 403),
     Kind("UnsupportedOperation", "AWS.SimpleQueueService.UnsupportedOperation"),
     Kind("ResourceNotFoundException", "ResourceNotFoundException", 404),
+    Kind("RequestThrottled", "RequestThrottled"),
     Kind("InternalError", "InternalError", 500, sender=False),
 ]
 KINDS = kinds(COMMON_KINDS, _KINDS)
@@ -63,6 +64,8 @@ def from_conveyor(exc: errors.ConveyorError) -> SqsError:
         return SqsError("InvalidParameterValue", exc.message)
     if isinstance(exc, (errors.PermissionDenied, errors.Unauthorized)):
         return SqsError("AccessDenied", "Access to the resource is denied.")
+    if isinstance(exc, errors.Throttled):
+        return SqsError("RequestThrottled", f"Request is throttled: {exc.message}")
     if isinstance(exc, errors.Unavailable):
         return SqsError("ServiceUnavailable", "The service is unavailable. Please retry the request.")
     return SqsError("InternalError", "We encountered an internal error. Please try again.")
