@@ -3,7 +3,6 @@ broker, workers)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -30,6 +29,7 @@ from conveyor.protocols.rest import routes as rest
 from conveyor.server import health, middleware, scheduler, webhooks, workers
 from conveyor.server.broker import ServerBroker
 from conveyor.server.metrics import Metrics
+from conveyor.server.supervisor import Supervisor
 from conveyor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
     metrics = Metrics()
     metrics.watch_pool(database.stats)
     broker = ServerBroker(settings, database, metrics)
+    supervisor = Supervisor(metrics)
     policy = auth.Policy(settings.auth_mode, settings.auth_tokens, settings.aws_credentials)
     if settings.auth_mode == "token" and not settings.aws_credentials:
         log.warning("auth mode token without CONVEYOR_AWS_CREDENTIALS: SQS and SNS requests are refused "
@@ -106,7 +107,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await _startup(settings, database, open_timeout)
         await broker.start()
-        tasks = workers.start(database, metrics, maintenance_interval=settings.maintenance_interval,
+        workers.start(supervisor, database, metrics, maintenance_interval=settings.maintenance_interval,
                               depth_interval=settings.depth_scrape_interval,
                               stream_intervals=(settings.stream_tick_interval, settings.stream_maint_interval,
                                                 settings.stream_vacuum_interval),
@@ -117,9 +118,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
         try:
             yield
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await supervisor.stop()
             await broker.stop()
             await database.close()
 
@@ -149,5 +148,6 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
     app.state.database = database
     app.state.metrics = metrics
     app.state.broker = broker
+    app.state.supervisor = supervisor
     app.state.settings = settings
     return app

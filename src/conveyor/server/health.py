@@ -19,13 +19,18 @@ async def livez(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    database = request.app.state.database
+    """Ready when the database answers and every background worker runs (a worker that
+    failed and waits to be started again makes the server degraded: it is listed)."""
+    database, supervisor = request.app.state.database, request.app.state.supervisor
+    reachable = True
     try:
         async with asyncio.timeout(READY_TIMEOUT):
             await database.ping(READY_TIMEOUT)
     except (errors.ConveyorError, TimeoutError):
-        return render.json({"status": "degraded", "database": "unreachable"}, 503)
-    return render.json({"status": "ok", "database": "ok"})
+        reachable = False
+    ok = reachable and supervisor.healthy()
+    return render.json({"status": "ok" if ok else "degraded", "database": "ok" if reachable else "unreachable",
+                        "workers": supervisor.report()}, 200 if ok else 503)
 
 
 async def metrics(request: Request) -> Response:

@@ -93,6 +93,12 @@ class Metrics:
         self.schedule_pauses = Counter("schedule_pauses_total", "Schedules paused after failure_threshold "
                                        "consecutive failures", registry=r)
 
+        # background workers (server/supervisor.py)
+        self.worker_up = Gauge("conveyor_worker_up", "1 while the background worker runs, 0 while it waits "
+                               "to be started again after a failure", ["worker"], registry=r)
+        self.worker_restarts = Counter("conveyor_worker_restarts_total", "Background worker failures "
+                                       "(each followed by a restart)", ["worker"], registry=r)
+
     def series(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, looked up once: on the hot path prometheus_client's
         lookup costs more than the update itself. For counters and histograms only, whose

@@ -1,6 +1,8 @@
 """Background workers of a server process: retention clean-up, the depth scrape, message
 move tasks (all safe to run in every process at once: the SQL uses SKIP LOCKED), and the
-stream ticker with stream maintenance (one process per database, by advisory lock)."""
+stream ticker with stream maintenance (one process per database, by advisory lock). Each
+runs under the supervisor (server/supervisor.py): an unexpected failure is logged and the
+worker started again."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from conveyor.db import pool
 from conveyor.db.pool import Database
 from conveyor.server import scheduler, webhooks
 from conveyor.server.metrics import Metrics
+from conveyor.server.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -83,25 +86,21 @@ async def _tick_forever(conn: object, tick_interval: float, maint_interval: floa
         await asyncio.sleep(tick_interval)
 
 
-def start(database: Database, metrics: Metrics, *, maintenance_interval: float,
+def start(supervisor: Supervisor, database: Database, metrics: Metrics, *, maintenance_interval: float,
           depth_interval: float, move_interval: float = 1.0,
           stream_intervals: tuple[float, float, float] = (0.5, 30.0, 300.0),
           webhook_config: webhooks.Config | None = None,
-          scheduler_config: scheduler.Config | None = None) -> list[asyncio.Task[None]]:
+          scheduler_config: scheduler.Config | None = None) -> None:
+    """Start every background worker under ``supervisor`` (which restarts a failed one)."""
     tick, maint, vacuum = stream_intervals
-    tasks = [
-        asyncio.create_task(stream_ticker(database.dsn, tick_interval=tick, maint_interval=maint,
-                                          vacuum_interval=vacuum), name="conveyor-stream-ticker"),
-        asyncio.create_task(every(move_interval, "message move tasks", lambda: move_dead_letters(database)),
-                            name="conveyor-move-tasks"),
-        asyncio.create_task(every(maintenance_interval, "maintenance", lambda: maintenance(database)),
-                            name="conveyor-maintenance"),
-        asyncio.create_task(every(depth_interval, "depth scrape", lambda: depth_scrape(database, metrics)),
-                            name="conveyor-depth-scrape"),
-    ]
+    supervisor.start("stream-ticker", lambda: stream_ticker(database.dsn, tick_interval=tick, maint_interval=maint,
+                                                            vacuum_interval=vacuum))
+    supervisor.start("move-tasks", lambda: every(move_interval, "message move tasks",
+                                                 lambda: move_dead_letters(database)))
+    supervisor.start("maintenance", lambda: every(maintenance_interval, "maintenance", lambda: maintenance(database)))
+    supervisor.start("depth-scrape", lambda: every(depth_interval, "depth scrape",
+                                                   lambda: depth_scrape(database, metrics)))
     if webhook_config is not None:  # the topics' HTTP(S) deliveries (SKIP LOCKED: every process may run it)
-        tasks.append(asyncio.create_task(webhooks.run(database, metrics, webhook_config), name="conveyor-webhooks"))
+        supervisor.start("webhooks", lambda: webhooks.run(database, metrics, webhook_config))
     if scheduler_config is not None:  # schedules (SKIP LOCKED: every process runs it)
-        tasks.append(asyncio.create_task(scheduler.run(database, metrics, scheduler_config),
-                                         name="conveyor-scheduler"))
-    return tasks
+        supervisor.start("scheduler", lambda: scheduler.run(database, metrics, scheduler_config))
