@@ -52,6 +52,7 @@ class Broker(Protocol):
         used) counts unless the server has a configured base URL."""
 
     async def publish(self, routing_key: str, publication: types.Publication,
-                      urls: types.TopicUrls) -> types.Published:
+                      urls: types.TopicUrls, *, topic: str | None = None) -> types.Published:
         """Fan a message out to the routing key's subscriptions (signed with the server's
-        SNS key); answers once committed."""
+        SNS key); answers once committed. ``topic`` names an existing SNS topic for the
+        metrics; routing keys (any string a client writes) share one series."""

@@ -206,11 +206,11 @@ class ServerBroker:
         return topics.urls(self.settings, base_url)
 
     async def publish(self, routing_key: str, publication: types.Publication,
-                      urls: types.TopicUrls) -> types.Published:
+                      urls: types.TopicUrls, *, topic: str | None = None) -> types.Published:
         signer = await self.signer()
         async with self.database.connection() as conn:
             published = await topics.publish(conn, routing_key, publication, signer=signer, urls=urls)
-        self.metrics.record_published(routing_key, published)
+        self.metrics.record_published(topic, published)
         for queue in published.queues:
             self.metrics.series(self.metrics.sent, queue).inc()
         return published

@@ -14,6 +14,8 @@ from conveyor import types
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+ROUTING_KEYS = "_routing_keys"  # the topic label of publishes by routing key (/v1/events/{key})
+
 _HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _DB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _AGE_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
@@ -134,12 +136,16 @@ class Metrics:
             self.in_flight.labels(m.queue_name).set(m.in_flight)
             self.delayed.labels(m.queue_name).set(m.delayed)
 
-    def record_published(self, topic: str, published: types.Published) -> None:
-        self.published.labels(topic).inc()
+    def record_published(self, topic: str | None, published: types.Published) -> None:
+        """Count a publish under its SNS topic (topics exist before they are published to),
+        or, for a REST routing key, under the one label ``ROUTING_KEYS``: a label never
+        takes a value a client can vary without bound."""
+        label = topic or ROUTING_KEYS
+        self.series(self.published, label).inc()
         if published.queues:
-            self.fanned_out.labels(topic, "queue").inc(len(published.queues))
+            self.series(self.fanned_out, label, "queue").inc(len(published.queues))
         if published.endpoints:
-            self.fanned_out.labels(topic, "webhook").inc(published.endpoints)
+            self.series(self.fanned_out, label, "webhook").inc(published.endpoints)
 
     def record_delivery_attempt(self, ok: bool, seconds: float) -> None:
         outcome = "success" if ok else "failure"

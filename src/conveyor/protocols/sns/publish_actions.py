@@ -188,7 +188,7 @@ async def _topic(ctx: Context, name: str) -> types.Topic:
 async def publish(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     name = _target(ctx, p)
     topic = await _topic(ctx, name)
-    sent = await ctx.broker.publish(name, publication(topic, p), ctx.urls)
+    sent = await ctx.broker.publish(name, publication(topic, p), ctx.urls, topic=name)
     return _published(sent)
 
 
@@ -225,7 +225,7 @@ async def publish_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     successful, failed = [], []
     for entry in entries:
         try:
-            sent = await ctx.broker.publish(name, publication(topic, entry), ctx.urls)
+            sent = await ctx.broker.publish(name, publication(topic, entry), ctx.urls, topic=name)
         except SnsError as exc:
             failed.append(_failed(entry["Id"], exc))
             continue
