@@ -56,13 +56,6 @@ def _base_url(request: Request) -> str:
     return f"{request.url.scheme}://{request.url.netloc}"
 
 
-def _subscription_id(request: Request) -> int:
-    raw = request.path_params["id"]
-    if not raw.isdigit() or not 1 <= int(raw) <= 2**63 - 1:
-        raise errors.InvalidInput(f"invalid subscription id {raw[:40]!r}: expected a positive integer")
-    return int(raw)
-
-
 # -- handlers --------------------------------------------------------------------------------
 
 async def publish_event(request: Request) -> Response:
@@ -109,7 +102,7 @@ async def list_event_subscriptions(request: Request) -> Response:
 
 
 async def _of_pattern(request: Request, conn: Any) -> types.Subscription:
-    sid, pattern = _subscription_id(request), request.path_params["pattern"]
+    sid, pattern = req.path_id(request, "id", "subscription id"), request.path_params["pattern"]
     found = await topics.subscription_get(conn, sid)
     if found.pattern != pattern:
         raise errors.SubscriptionNotFound(f"subscription {sid} does not exist for pattern {pattern!r}")

@@ -44,15 +44,18 @@ def query(request: Request, model: type[M]) -> M:
     return validate(model, dict(request.query_params))
 
 
+def path_id(request: Request, key: str = "id", what: str = "message id") -> int:
+    """A positive 64-bit integer from the path: ASCII digits only (``"²".isdigit()`` is
+    true, and ``int("٣")`` is 3), or ``InvalidInput`` naming what was expected. The one
+    parser of every id in a REST path."""
+    raw = request.path_params[key]
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19) or not 1 <= int(raw) <= 2**63 - 1:
+        raise errors.InvalidInput(f"invalid {what} {raw[:40]!r} in the path: expected a positive integer")
+    return int(raw)
+
+
 def message_id(request: Request) -> int:
-    raw = request.path_params["id"]
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 2**63 - 1 or not raw.isdigit():
-        raise errors.InvalidInput(f"invalid message id {raw[:40]!r}: expected a positive integer")
-    return value
+    return path_id(request, "id", "message id")
 
 
 def queue_name(request: Request) -> str:

@@ -98,13 +98,6 @@ def _consumer_name(request: Request) -> str:
     return name
 
 
-def _path_id(request: Request, key: str, what: str) -> int:
-    raw = request.path_params[key]
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19) or not 1 <= int(raw) <= 2**63 - 1:
-        raise errors.InvalidInput(f"invalid {what} {raw[:40]!r} in the path: expected a positive integer")
-    return int(raw)
-
-
 # -- options ---------------------------------------------------------------------------
 
 def _options(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,7 +257,7 @@ async def _open_batch(conn: Any, name: str, batch_id: int) -> None:
 
 
 async def ack_batch(request: Request) -> Response:
-    name, batch_id = _stream_name(request), _path_id(request, "batch_id", "batch id")
+    name, batch_id = _stream_name(request), req.path_id(request, "batch_id", "batch id")
     async with broker(request).connection() as conn:
         await _open_batch(conn, name, batch_id)
         await streams.ack(conn, batch_id)
@@ -272,7 +265,7 @@ async def ack_batch(request: Request) -> Response:
 
 
 async def nack_event(request: Request) -> Response:
-    name, batch_id = _stream_name(request), _path_id(request, "batch_id", "batch id")
+    name, batch_id = _stream_name(request), req.path_id(request, "batch_id", "batch id")
     spec = await req.body(request, models.Nack)
     async with broker(request).connection() as conn:
         await _open_batch(conn, name, batch_id)
@@ -282,7 +275,7 @@ async def nack_event(request: Request) -> Response:
 
 
 async def dead_letter_event(request: Request) -> Response:
-    name, batch_id = _stream_name(request), _path_id(request, "batch_id", "batch id")
+    name, batch_id = _stream_name(request), req.path_id(request, "batch_id", "batch id")
     spec = await req.body(request, models.DeadLetterRequest)
     async with broker(request).connection() as conn:
         await _open_batch(conn, name, batch_id)
@@ -301,7 +294,7 @@ async def list_dead_letters(request: Request) -> Response:
 
 
 async def replay_dead_letter(request: Request) -> Response:
-    name, dead_letter_id = _stream_name(request), _path_id(request, "id", "dead letter id")
+    name, dead_letter_id = _stream_name(request), req.path_id(request, "id", "dead letter id")
     async with broker(request).connection() as conn:
         await streams.get(conn, name)  # StreamNotFound before DeadLetterNotFound
         event_id = await streams.replay_dead_letter(conn, dead_letter_id, name)
