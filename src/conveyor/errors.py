@@ -27,6 +27,7 @@
     ├── Unauthorized             403 — no or unknown credentials
     ├── Unavailable              503 — the database cannot be reached right now
     │   ├── Throttled              — too much is waiting already: retry later
+    │   ├── SchemaMismatch         — a migration applied to the database differs from this build's
     │   └── SchemaMissing          (3F000) — the Conveyor schema is not installed
     │       └── SchemaOutdated     (42883) — it lacks a function this code needs
     └── InternalError            500 — anything else; details go to the log, not the client
@@ -169,6 +170,11 @@ class Unavailable(ConveyorError):
 class Throttled(Unavailable):
     """Admission control refused the request: the server already has as much waiting as
     it accepts (see docs/operations.md, "Overload"). Safe to retry after a pause."""
+
+
+class SchemaMismatch(Unavailable):
+    """An applied migration's recorded checksum differs from this build's file: the database
+    was migrated by a build whose migration said something else (conveyor.db.migrate)."""
 
 
 class SchemaMissing(Unavailable, sqlstate="3F000"):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 
-from conveyor import types
+import pytest
+
+from conveyor import errors, types
 from conveyor.core import messages, queues
 from conveyor.db import migrate, pool
 
@@ -76,3 +78,41 @@ async def test_bundle_runs_again_safely_and_keeps_data(empty_dsn, tmp_path):
     async with pool.connect(empty_dsn) as conn:
         assert [m.body for m in await messages.peek(conn, "jobs")] == ["kept"]
         assert await migrate.migrate(conn) == []
+
+
+async def test_a_database_migrated_by_another_build_is_refused(dsn, conn):
+    """A migration edited after it was applied (the old habit) left databases with old
+    functions, silently; now its recorded checksum no longer matches and Conveyor says so."""
+    first = migrate.migrations()[0]
+    await conn.execute("UPDATE conveyor.schema_migrations SET checksum = %s WHERE version = %s",
+                       ("0" * 64, first.version))
+    for check in (migrate.migrate(conn), migrate.verify(conn)):
+        with pytest.raises(errors.SchemaMismatch) as info:
+            await check
+        assert first.label in info.value.message and "--accept-checksums" in info.value.message
+    assert await migrate.migrate(conn, accept_checksums=True) == []
+    await migrate.verify(conn)
+
+
+async def test_checksums_are_recorded_and_filled_in_for_older_databases(dsn, conn):
+    cur = await conn.execute("SELECT version, checksum FROM conveyor.schema_migrations ORDER BY version")
+    assert await cur.fetchall() == [(m.version, m.checksum) for m in migrate.migrations()]
+    await conn.execute("ALTER TABLE conveyor.schema_migrations DROP COLUMN checksum")  # as before checksums
+    assert [s.applied_at is not None for s in await migrate.status(conn)] == [True] * len(migrate.migrations())
+    await migrate.verify(conn)
+    assert await migrate.migrate(conn) == []
+    cur = await conn.execute("SELECT count(*) FROM conveyor.schema_migrations WHERE checksum IS NOT NULL")
+    assert (await cur.fetchone())[0] == len(migrate.migrations())
+
+
+def test_a_server_refuses_to_start_on_a_mismatched_database(dsn):
+    import psycopg
+
+    from support.server import ServerProcess
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("UPDATE conveyor.schema_migrations SET checksum = repeat('0', 64) WHERE version = 1")
+    for env in ({}, {"CONVEYOR_MIGRATE": "false"}):
+        server = ServerProcess(dsn, env=env)
+        with pytest.raises(RuntimeError) as info:
+            server.start(timeout=20)
+        assert "differs from this build's" in str(info.value)

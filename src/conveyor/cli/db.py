@@ -15,15 +15,20 @@ def db() -> None:
 
 
 @db.command()
+@click.option("--accept-checksums", is_flag=True,
+              help="Record this build's checksum for applied migrations that differ from it, instead of "
+                   "refusing (only after checking the schema is what this build's migrations make).")
 @output.json_option
 @click.pass_obj
-def migrate(obj) -> None:  # noqa: ANN001
+def migrate(obj, accept_checksums: bool) -> None:  # noqa: ANN001
     """Apply pending migrations to the database.
 
-    Safe to run again, or from several processes at once."""
+    Safe to run again, or from several processes at once. Refuses a database whose applied
+    migrations differ from this build's (their checksums are recorded)."""
     # migrate=False: the embedded cluster must not be migrated behind this command's back,
     # or it would always report that nothing was left to apply
-    applied = context.run(obj.settings(), migrations.migrate, migrate=False)
+    applied = context.run(obj.settings(), lambda conn: migrations.migrate(conn, accept_checksums=accept_checksums),
+                          migrate=False)
     done = [{"version": m.version, "name": m.name} for m in applied]
     output.emit(done, obj.as_json, lambda: "\n".join(f"applied {_label(m)}" for m in done)
                 if done else "schema is up to date")

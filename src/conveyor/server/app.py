@@ -85,11 +85,17 @@ class App(Starlette):
 
 async def _startup(settings: Settings, database: Database, open_timeout: float) -> None:
     await database.open(wait=True, timeout=open_timeout)
-    if settings.migrate:
-        async with database.connection() as conn:
+    async with database.connection() as conn:
+        try:
+            if not settings.migrate:
+                await migrate.verify(conn)
+                return
             applied = await migrate.migrate(conn)
-        for m in applied:
-            log.info("applied migration %04d_%s", m.version, m.name)
+        except errors.SchemaMismatch as exc:
+            log.critical("%s", exc.message)
+            raise
+    for m in applied:
+        log.info("applied migration %s", m.label)
 
 
 def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> App:
