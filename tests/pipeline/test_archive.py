@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from spark.helpers import append, sql
+from spark.helpers import append, sql, tick
 
 from conveyor.pipeline import archive
 
@@ -54,6 +54,23 @@ def test_queue_archive_is_incremental_and_keeps_out_of_order_commits(spark, dsn,
     assert table.metadata().partition_columns == ["date"]
     outcome = table.to_pyarrow_table(columns=["outcome", "queue"]).to_pydict()
     assert set(outcome["outcome"]) == {"completed"} and set(outcome["queue"]) == {"jobs"}
+
+
+def test_a_stream_archive_starts_from_the_oldest_event_kept(spark, dsn, tmp_path):
+    """`pipeline archive --stream orders --once` on a stream that already had events
+    archived 0 rows: its new consumer started at the latest tick."""
+    sql(dsn, "SELECT conveyor.stream_create('orders')")
+    before = append(dsn, "orders", [f"old {i}" for i in range(40)])
+    tick(dsn, "orders")
+    job = archive.ArchiveJob(dsn=dsn, path=tmp_path / "orders", stream="orders")
+    assert archive.run(spark, job).rows == 40
+    later = append(dsn, "orders", [f"new {i}" for i in range(5)])
+    assert archive.run(spark, job).rows == 5
+    assert sorted(_ids(job.path)) == sorted(before + later)
+    # told otherwise, a new archive takes only what comes after it started
+    latest = archive.ArchiveJob(dsn=dsn, path=tmp_path / "latest", stream="orders", consumer="late",
+                                starting_position="latest")
+    assert archive.run(spark, latest).rows == 0
 
 
 def _cli(args: list[str], dsn: str, **env: str) -> subprocess.Popen[str]:

@@ -57,8 +57,8 @@ def pipeline() -> None:
 @click.option("--interval", default=10.0, show_default=True, metavar="SECONDS",
               help="Continuous mode: seconds between micro-batches.")
 @click.option("--from", "start", type=click.Choice(["latest", "earliest"]),
-              help="Where a new consumer or archive export starts (stream default: latest; "
-                   "queue archive default: earliest).")
+              help="Where a new archive starts: earliest (default: the oldest event or archived message "
+                   "still kept) or latest (only what arrives from now on).")
 @click.option("--max-events", default=100_000, show_default=True, metavar="N",
               help="At most about N events per micro-batch (streams).")
 @click.option("--partitions", default=4, show_default=True, metavar="N", help="Spark partitions per micro-batch.")

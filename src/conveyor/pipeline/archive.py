@@ -106,8 +106,10 @@ def _reader(spark: Any, job: ArchiveJob) -> Any:
               .option("numPartitions", str(job.partitions)))
     if job.max_events:
         reader = reader.option("maxEventsPerTrigger", str(job.max_events))
-    if job.starting_position:
-        reader = reader.option("startingPosition", job.starting_position)
+    # an archive starts from the oldest event still kept unless told otherwise (a new
+    # consumer of the stream would otherwise start at the latest tick and archive nothing
+    # of what is already there)
+    reader = reader.option("startingPosition", job.starting_position or "earliest")
     if job.stream is not None:
         return reader.option("stream", job.stream).option("consumer", job.consumer).option("tick", "true").load()
     return reader.option("queue", job.queue).option("kind", "archive").load()
