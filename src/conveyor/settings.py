@@ -82,6 +82,11 @@ class Settings:
     fusion: bool = True
     fusion_max_batch: int = 500
     fusion_max_inflight: int = 2
+    # admission control (docs/operations.md, "Overload"): what a process accepts before it
+    # answers with the protocol's throttling error instead of queueing more
+    fusion_max_pending: int = 10000  # messages (or receive slots) waiting in one fuser
+    pool_max_waiting: int = 256  # requests waiting for a database connection
+    max_requests: int = 4096  # requests in progress at once, long polls included
     max_request_bytes: int = 8 * 1024 * 1024
     max_wait_seconds: int = 20
     listen_seconds: int = 60
@@ -119,6 +124,8 @@ class Settings:
             raise ValueError(f"workers must be from 1 to 64, got {self.workers}")
         if self.pool_min < 1 or self.pool_max < self.pool_min:
             raise ValueError("pool sizes need 1 <= pool_min <= pool_max")
+        if self.fusion_max_pending < 1 or self.pool_max_waiting < 1 or self.max_requests < 1:
+            raise ValueError("fusion_max_pending, pool_max_waiting and max_requests must be at least 1")
         if not re.fullmatch(r"[a-z0-9-]{1,32}", self.region):
             raise ValueError(f"region must look like us-east-1, got {self.region!r}")
         if not re.fullmatch(r"\d{12}", self.account_id):
@@ -157,6 +164,9 @@ _ENV: dict[str, tuple[str, Any]] = {
     "fusion": ("CONVEYOR_FUSION", _bool),
     "fusion_max_batch": ("CONVEYOR_FUSION_MAX_BATCH", int),
     "fusion_max_inflight": ("CONVEYOR_FUSION_MAX_INFLIGHT", int),
+    "fusion_max_pending": ("CONVEYOR_FUSION_MAX_PENDING", int),
+    "pool_max_waiting": ("CONVEYOR_POOL_MAX_WAITING", int),
+    "max_requests": ("CONVEYOR_MAX_REQUESTS", int),
     "max_request_bytes": ("CONVEYOR_MAX_REQUEST_BYTES", int),
     "listen_seconds": ("CONVEYOR_LISTEN_SECONDS", int),
     "poll_fallback_seconds": ("CONVEYOR_POLL_FALLBACK_SECONDS", float),

@@ -98,3 +98,18 @@ async def test_drain_waits_for_queued_batches():
 def test_max_inflight_must_allow_progress():
     with pytest.raises(TypeError):
         Fuser()  # type: ignore[call-arg]
+
+
+async def test_pending_work_is_bounded_and_the_excess_refused_at_once():
+    """Beyond max_pending units waiting (over every key), a request is refused with
+    Throttled instead of queued; what was accepted is answered as usual."""
+    run = Recorder(delay=0.05)
+    fuser = Fuser(run, max_inflight=1, max_pending=10, size=len)
+    outcomes = await asyncio.gather(*(fuser.submit(f"q{i % 2}", [i, i]) for i in range(20)),
+                                    return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, errors.Throttled)]
+    served = [o for o in outcomes if not isinstance(o, BaseException)]
+    assert refused and len(refused) + len(served) == 20
+    # two lanes run one call each inline, ten units (five requests) wait: the rest is refused
+    assert len(served) == 7 and fuser._pending == 0
+    assert await fuser.submit("q0", [1]) == [10]  # drained: accepted again

@@ -33,6 +33,8 @@ def translate(exc: BaseException) -> errors.ConveyorError:
     """Map a driver or pool exception onto Conveyor's error tree."""
     if isinstance(exc, errors.ConveyorError):
         return exc
+    if isinstance(exc, psycopg_pool.TooManyRequests):
+        return errors.Throttled("too many requests are waiting for a database connection")
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return errors.Unavailable("no database connection available in time")
     if isinstance(exc, psycopg.Error):
@@ -57,7 +59,7 @@ def translated() -> Iterator[None]:
         yield
     except errors.ConveyorError:
         raise
-    except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+    except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.TooManyRequests) as exc:
         raise translate(exc) from exc
 
 

@@ -33,13 +33,16 @@ class Database:
     """
 
     def __init__(self, dsn: str, *, min_size: int = 2, max_size: int = 10, timeout: float = 10.0,
-                 application_name: str = "conveyor") -> None:
+                 max_waiting: int = 0, application_name: str = "conveyor") -> None:
+        """``max_waiting``: requests that may wait for a connection at once (0: any number);
+        beyond it a request fails at once with ``errors.Throttled``."""
         self.dsn = dsn
         self._pool = psycopg_pool.AsyncConnectionPool(
             dsn,
             min_size=min_size,
             max_size=max_size,
             timeout=timeout,
+            max_waiting=max_waiting,
             open=False,
             kwargs={"autocommit": True, "application_name": application_name},
             reconnect_timeout=float("inf"),

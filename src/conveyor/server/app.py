@@ -40,6 +40,12 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return render.error(errors.InternalError("internal error"))
 
 
+async def _aws_throttled(scope: Scope, receive: Receive, send: Send) -> None:
+    response = aws_gateway.unread(Request(scope, receive), "Throttled",
+                                  "The server is overloaded: too many requests in progress; retry later.")
+    await response(scope, receive, send)
+
+
 async def _aws_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     """The AWS wire endpoint as plain ASGI, answering as Starlette's handlers would."""
     request = Request(scope, receive)
@@ -99,11 +105,13 @@ async def _startup(settings: Settings, database: Database, open_timeout: float) 
 
 
 def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> App:
-    database = Database(dsn, min_size=settings.pool_min, max_size=settings.pool_max)
+    database = Database(dsn, min_size=settings.pool_min, max_size=settings.pool_max,
+                        max_waiting=settings.pool_max_waiting)
     metrics = Metrics()
     metrics.watch_pool(database.stats)
     broker = ServerBroker(settings, database, metrics)
     supervisor = Supervisor(metrics)
+    gate = middleware.Gate(settings.max_requests)  # requests in progress, over every protocol
     policy = auth.Policy(settings.auth_mode, settings.auth_tokens, settings.aws_credentials)
     if settings.auth_mode == "token" and not settings.aws_credentials:
         log.warning("auth mode token without CONVEYOR_AWS_CREDENTIALS: SQS and SNS requests are refused "
@@ -131,7 +139,9 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
     v1 = rest.app(broker, conveyor.__version__)
     v1.add_exception_handler(Exception, _internal_error)
     app = App(
-        aws=middleware.Telemetry(middleware.BodyLimit(_aws_endpoint, limit=settings.max_request_bytes), metrics),
+        aws=middleware.Telemetry(middleware.Admission(
+            middleware.BodyLimit(_aws_endpoint, limit=settings.max_request_bytes), gate, _aws_throttled, metrics),
+            metrics),
         routes=[
             Route("/livez", health.livez, methods=["GET"]),
             Route("/readyz", health.readyz, methods=["GET"]),
@@ -141,6 +151,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
         ],
         middleware=[
             Middleware(middleware.Telemetry, metrics=metrics),
+            Middleware(middleware.Admission, gate=gate, refuse=middleware.refuse_rest, metrics=metrics),
             Middleware(middleware.BodyLimit, limit=settings.max_request_bytes),
             Middleware(middleware.Auth, policy=policy),
         ],

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from conveyor import errors, types
 from conveyor.core import messages, queues, receipts, signing, streams, topics
@@ -43,7 +44,7 @@ class ServerBroker:
         self.metrics = metrics
         self.fusers: dict[str, Fuser] = {}
         if settings.fusion:
-            options = {"max_inflight": settings.fusion_max_inflight}
+            options = {"max_inflight": settings.fusion_max_inflight, "max_pending": settings.fusion_max_pending}
             self.fusers = {
                 "send": Fuser(self._send_fused, max_batch=settings.fusion_max_batch, size=len,
                               on_flush=metrics.fusion_batch.observe, **options),
@@ -83,9 +84,16 @@ class ServerBroker:
         sent = await self._send_batch(queue, [m for r in requests for m in r])
         return _split(sent, [len(r) for r in requests])
 
+    async def _fused(self, kind: str, key: Any, request: Any) -> Any:
+        try:
+            return await self.fusers[kind].submit(key, request)
+        except errors.Throttled:
+            self.metrics.series(self.metrics.admission_refused, "fusion").inc()
+            raise
+
     async def send(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
         if "send" in self.fusers:
-            return await self.fusers["send"].submit(queue, batch)
+            return await self._fused("send", queue, batch)
         return await self._send_batch(queue, batch)
 
     # -- receive ---------------------------------------------------------------------
@@ -109,7 +117,7 @@ class ServerBroker:
         # FIFO receives are never fused: one call may return several messages of a group,
         # and a group must go to one consumer at a time
         if "receive" in self.fusers and not queue.endswith(".fifo"):
-            return await self.fusers["receive"].submit((queue, params.vt), params.qty)
+            return await self._fused("receive", (queue, params.vt), params.qty)
         return await self._receive_db(queue, params.qty, params.vt, params.attempt_id)
 
     async def receive(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
@@ -235,7 +243,7 @@ class ServerBroker:
 
     async def delete(self, queue: str, deliveries: Sequence[types.MessageRef]) -> list[int]:
         if "delete" in self.fusers:
-            return await self.fusers["delete"].submit(queue, deliveries)
+            return await self._fused("delete", queue, deliveries)
         return await self._delete_db(queue, deliveries)
 
     async def archive(self, queue: str, deliveries: Sequence[types.MessageRef]) -> list[int]:

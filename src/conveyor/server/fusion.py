@@ -10,6 +10,11 @@ before.
 
 A batch that fails because of bad input is re-run request by request, so that only the
 culprit sees the error.
+
+Admission control: at most ``max_pending`` units (messages, receive slots) wait in a
+fuser, over all its keys; a request that would go beyond is refused at once with
+``errors.Throttled`` rather than queued, so overload costs the client a retry, not the
+server memory and every other client latency.
 """
 
 from __future__ import annotations
@@ -44,10 +49,12 @@ class _Lane(Generic[Req, Res]):
 
 
 class Fuser(Generic[K, Req, Res]):
-    def __init__(self, run: Run, *, max_batch: int = 500, max_inflight: int = 2,
+    def __init__(self, run: Run, *, max_batch: int = 500, max_inflight: int = 2, max_pending: int = 10000,
                  size: Callable[[Req], int] = lambda _: 1,
                  on_flush: Callable[[int], None] | None = None) -> None:
         self._run_batch = run
+        self._max_pending = max_pending
+        self._pending = 0  # units waiting in every lane
         self._max_batch = max_batch
         self._max_inflight = max_inflight
         self._size = size
@@ -59,8 +66,14 @@ class Fuser(Generic[K, Req, Res]):
         lane = self._lanes.setdefault(key, _Lane())
         if not lane.pending and lane.inflight < self._max_inflight:
             return await self._alone(key, lane, request)
+        units = self._size(request)
+        if self._pending + units > self._max_pending:
+            if not lane.pending and lane.inflight == 0:
+                del self._lanes[key]
+            raise errors.Throttled(f"{self._pending} requests are already waiting to be written")
         future: asyncio.Future[Res] = asyncio.get_running_loop().create_future()
         lane.pending.append(_Pending(request, future))
+        self._pending += units
         self._kick(key, lane)
         return await asyncio.shield(future)  # a cancelled client does not cancel the batch
 
@@ -89,7 +102,9 @@ class Fuser(Generic[K, Req, Res]):
         while lane.pending and (not batch or size + self._size(lane.pending[0].request) <= self._max_batch):
             item = lane.pending.popleft()
             batch.append(item)
-            size += self._size(item.request)
+            units = self._size(item.request)
+            size += units
+            self._pending -= units
         return batch
 
     async def _flush(self, key: K, lane: _Lane[Req, Res], batch: list[_Pending[Req, Res]]) -> None:

@@ -95,6 +95,10 @@ class Metrics:
         self.schedule_pauses = Counter("schedule_pauses_total", "Schedules paused after failure_threshold "
                                        "consecutive failures", registry=r)
 
+        # admission control (server/middleware.py Admission, server/fusion.py)
+        self.admission_refused = Counter("conveyor_admission_refused_total", "Requests refused by admission "
+                                         "control (answered with the protocol's throttling error)", ["stage"],
+                                         registry=r)
         # background workers (server/supervisor.py)
         self.worker_up = Gauge("conveyor_worker_up", "1 while the background worker runs, 0 while it waits "
                                "to be started again after a failure", ["worker"], registry=r)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -91,6 +92,55 @@ class Auth:
             await _reply(send, 403, exc.message, "Unauthorized")
             return
         await self.app(scope, receive, send)
+
+
+class Gate:
+    """The requests in progress in one server process, against a limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+
+
+Refuse = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Admission:
+    """Admission control at the edge: beyond ``gate.limit`` requests in progress (long
+    polls included), a request is refused at once by ``refuse``, in its protocol's terms
+    (SQS RequestThrottled, SNS Throttled, REST 503 with Retry-After), and counted in
+    ``conveyor_admission_refused_total{stage="requests"}``. Health and metrics always pass."""
+
+    def __init__(self, app: ASGIApp, gate: Gate, refuse: Refuse, metrics: Metrics) -> None:
+        self.app = app
+        self.gate = gate
+        self.refuse = refuse
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        gate = self.gate
+        if gate.active >= gate.limit:
+            self.metrics.series(self.metrics.admission_refused, "requests").inc()
+            await self.refuse(scope, receive, send)
+            return
+        gate.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            gate.active -= 1
+
+
+async def refuse_rest(scope: Scope, receive: Receive, send: Send) -> None:
+    """REST's answer to an overloaded server: 503, Retry-After, the REST error body."""
+    body = orjson.dumps({"error": "the server is overloaded: too many requests in progress; retry later",
+                         "code": "Throttled"})
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class BodyLimit:

@@ -58,6 +58,9 @@ def _config(app: object, settings: Settings) -> uvicorn.Config:
         access_log=False,
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
+        # a backstop behind the app's own admission control (which answers in each
+        # protocol's terms): connections and tasks beyond it get uvicorn's plain 503
+        limit_concurrency=max(2 * settings.max_requests, 10000),
         server_header=False,
     )
 

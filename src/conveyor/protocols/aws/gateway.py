@@ -52,17 +52,24 @@ async def endpoint(request: Request) -> Response:
     try:
         body = await request.body()
     except HTTPException as exc:  # over the server's body limit (see server.middleware.BodyLimit)
-        return _unread(request, exc)
+        return unread(request, "RequestEntityTooLarge", exc.detail)
     if is_sns(request, body):
         return await sns.handle(request.app.state.aws, request, body)
     return await sqs.handle(request.app.state.aws, request, body)
 
 
-def _unread(request: Request, exc: HTTPException) -> Response:
-    """An AWS error for a body that was not read: SNS's when the target header names SNS;
-    otherwise SQS's, since a Query request's action is in the body that was refused."""
+# Errors answered before the body is read, in each service's name for them
+_UNREAD = {"RequestEntityTooLarge": ("RequestEntityTooLarge", "RequestEntityTooLarge"),
+           "Throttled": ("RequestThrottled", "ThrottledException")}
+
+
+def unread(request: Request, kind: str, message: str) -> Response:
+    """An AWS error for a request whose body was not read (too large, or refused by
+    admission control): SNS's when the target header names SNS; otherwise SQS's, since a
+    Query request's action is in the body that was not read."""
+    sqs_name, sns_name = _UNREAD[kind]
     if request.headers.get("x-amz-target", "").startswith("AmazonSNS."):
-        target, error = sns.SERVICE, SnsError("RequestEntityTooLarge", exc.detail)
+        target, error = sns.SERVICE, SnsError(sns_name, message)
     else:
-        target, error = sqs.SERVICE, SqsError("RequestEntityTooLarge", exc.detail)
+        target, error = sqs.SERVICE, SqsError(sqs_name, message)
     return wire.error(target, service.protocol(request), error.info(), wire.new_request_id())

@@ -35,7 +35,9 @@ def json(content: Any, status: int = 200, headers: dict[str, str] | None = None)
 
 
 def error(exc: errors.ConveyorError) -> Response:
-    return json({"error": exc.message, "code": type(exc).__name__}, status_of(exc))
+    # a refusal by admission control says when to come back (HTTP's Retry-After)
+    headers = {"Retry-After": "1"} if isinstance(exc, errors.Throttled) else None
+    return json({"error": exc.message, "code": type(exc).__name__}, status_of(exc), headers)
 
 
 def queue(q: types.Queue) -> dict[str, Any]:
