@@ -56,6 +56,7 @@ class Run:
     accepted: list[float] = field(default_factory=list)
     throttled: list[float] = field(default_factory=list)
     other: int = 0
+    other_kinds: dict[str, int] = field(default_factory=dict)
     peak_rss_mb: float = 0.0
 
 
@@ -99,8 +100,10 @@ async def load(server: Child, clients: int, seconds: float, max_calls: int, body
             t0 = time.monotonic()
             try:
                 status, answer = await http.send(request)
-            except HttpError:
+            except HttpError as exc:
                 run.other += 1
+                kind = f"{type(exc.__cause__ or exc).__name__}"
+                run.other_kinds[kind] = run.other_kinds.get(kind, 0) + 1
                 continue
             took = time.monotonic() - t0
             if status == 200:
@@ -112,6 +115,8 @@ async def load(server: Child, clients: int, seconds: float, max_calls: int, body
                 await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** refused)))
             else:
                 run.other += 1
+                kind = f"{status} {answer[:40]!r}"
+                run.other_kinds[kind] = run.other_kinds.get(kind, 0) + 1
 
     await asyncio.gather(*(client() for _ in range(clients)))
     run.seconds = time.monotonic() - started
@@ -174,6 +179,9 @@ def main() -> None:
               f"{med(lambda r: _pct(r.accepted, 0.5)):>10.1f} {med(lambda r: _pct(r.accepted, 0.99)):>10.1f} "
               f"{med(lambda r: _pct(r.throttled, 0.5)):>10.1f} {med(lambda r: _pct(r.throttled, 0.99)):>10.1f} "
               f"{med(lambda r: r.peak_rss_mb):>11.0f}")
+    others = {k: v for rs in runs.values() for r in rs for k, v in r.other_kinds.items()}
+    if others:
+        print("other answers:", ", ".join(f"{k} x{v}" for k, v in sorted(others.items())))
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def _config(app: object, settings: Settings) -> uvicorn.Config:
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         # a backstop behind the app's own admission control (which answers in each
         # protocol's terms): connections and tasks beyond it get uvicorn's plain 503
-        limit_concurrency=max(2 * settings.max_requests, 10000),
+        limit_concurrency=max(4 * settings.max_requests, 16384),
         server_header=False,
     )
 
