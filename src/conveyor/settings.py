@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-AUTH_MODES = ("none", "header", "token")
+AUTH_MODES = ("none", "header", "token", "jwt")
 ROLES = ("read", "write", "admin")
 
 
@@ -36,6 +36,28 @@ def parse_credentials(spec: str) -> dict[str, tuple[str, str]]:
                              f"got {key!r}:...")
         pairs[key] = (secret, role or "admin")
     return pairs
+
+
+def parse_role_map(spec: str) -> dict[str, str]:
+    """``"viewer:read,editor:write"`` -> {claim value: role} (JWT role claim values)."""
+    found: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        value, sep, role = item.rpartition(":")
+        if not sep or not value or role not in ROLES:
+            raise ValueError(f"JWT roles look like CLAIM_VALUE:{'|'.join(ROLES)}, got {item!r}")
+        found[value] = role
+    return found
+
+
+def read_key(value: str) -> str:
+    """A PEM key given inline, or ``@/path/to/key.pem`` (or a plain path) to read it from."""
+    if "-----BEGIN" in value:
+        return value.replace("\\n", "\n")
+    path = Path(value.removeprefix("@"))
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read the key file {path}: {exc.strerror}") from None
 
 
 def parse_tokens(spec: str) -> dict[str, str]:
@@ -79,6 +101,15 @@ class Settings:
     migrate: bool = True
     auth_mode: str = "header"
     auth_tokens: Mapping[str, str] = field(default_factory=dict)
+    # auth mode jwt (conveyor.protocols.jwt_tokens)
+    jwt_secret: str | None = None
+    jwt_public_key: str | None = None
+    jwt_algorithms: tuple[str, ...] = ()
+    jwt_role_claim: str = "role"
+    jwt_roles: Mapping[str, str] | None = None  # None: the default claim values
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    jwt_leeway: float = 0.0
     fusion: bool = True
     fusion_max_batch: int = 500
     fusion_max_inflight: int = 2
@@ -118,6 +149,9 @@ class Settings:
             raise ValueError(f"auth mode must be one of {', '.join(AUTH_MODES)}, got {self.auth_mode!r}")
         if self.auth_mode == "token" and not self.auth_tokens:
             raise ValueError("auth mode 'token' needs CONVEYOR_AUTH_TOKENS (TOKEN:ROLE,...)")
+        if self.auth_mode == "jwt" and not (self.jwt_secret or self.jwt_public_key):
+            raise ValueError("auth mode 'jwt' needs CONVEYOR_JWT_SECRET (HS256) or CONVEYOR_JWT_PUBLIC_KEY "
+                             "(RS256, EdDSA)")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"port must be from 1 to 65535, got {self.port}")
         if not 1 <= self.workers <= 64:
@@ -161,6 +195,14 @@ _ENV: dict[str, tuple[str, Any]] = {
     "migrate": ("CONVEYOR_MIGRATE", _bool),
     "auth_mode": ("CONVEYOR_AUTH", str),
     "auth_tokens": ("CONVEYOR_AUTH_TOKENS", parse_tokens),
+    "jwt_secret": ("CONVEYOR_JWT_SECRET", str),
+    "jwt_public_key": ("CONVEYOR_JWT_PUBLIC_KEY", read_key),
+    "jwt_algorithms": ("CONVEYOR_JWT_ALGORITHMS", lambda v: tuple(a.strip() for a in v.split(",") if a.strip())),
+    "jwt_role_claim": ("CONVEYOR_JWT_ROLE_CLAIM", str),
+    "jwt_roles": ("CONVEYOR_JWT_ROLES", parse_role_map),
+    "jwt_audience": ("CONVEYOR_JWT_AUDIENCE", str),
+    "jwt_issuer": ("CONVEYOR_JWT_ISSUER", str),
+    "jwt_leeway": ("CONVEYOR_JWT_LEEWAY", float),
     "fusion": ("CONVEYOR_FUSION", _bool),
     "fusion_max_batch": ("CONVEYOR_FUSION_MAX_BATCH", int),
     "fusion_max_inflight": ("CONVEYOR_FUSION_MAX_INFLIGHT", int),

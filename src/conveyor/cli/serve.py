@@ -17,7 +17,7 @@ log = logging.getLogger("conveyor.serve")
 @click.option("--workers", envvar="CONVEYOR_WORKERS", type=int, default=None,
               help="Server processes sharing the port, one per core to use "
                    "[env CONVEYOR_WORKERS; default 1].")
-@click.option("--auth", "auth_mode", envvar="CONVEYOR_AUTH", type=click.Choice(["none", "header", "token"]),
+@click.option("--auth", "auth_mode", envvar="CONVEYOR_AUTH", type=click.Choice(["none", "header", "token", "jwt"]),
               default=None, help="Authentication [env CONVEYOR_AUTH; default header: any Authorization header].")
 @click.option("--fusion/--no-fusion", default=None, help="Fuse concurrent sends into one SQL call [env CONVEYOR_FUSION].")
 @click.option("--migrate/--no-migrate", default=None, help="Apply pending migrations at start [env CONVEYOR_MIGRATE; default on].")

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from conveyor import errors
+from conveyor.protocols import jwt_tokens
 
 ROLES = ("read", "write", "admin")
 RANK = {role: rank for rank, role in enumerate(ROLES)}
@@ -45,7 +46,7 @@ class Identity:
     access key id)."""
 
     role: str
-    principal: str | None = None
+    principal: str | None = None  # who: a JWT's sub, an AWS access key id (verified)
 
     def may(self, needed: str) -> bool:
         return RANK[self.role] >= RANK[needed]
@@ -60,9 +61,14 @@ def _digest(secret: str) -> bytes:
 
 class Policy:
     def __init__(self, mode: str, tokens: Mapping[str, str] | None = None,
-                 aws_credentials: Mapping[str, tuple[str, str]] | None = None) -> None:
-        """``tokens``: token -> role; ``aws_credentials``: access key id -> (secret, role)."""
+                 aws_credentials: Mapping[str, tuple[str, str]] | None = None,
+                 jwt: jwt_tokens.JwtConfig | None = None) -> None:
+        """``tokens``: token -> role; ``aws_credentials``: access key id -> (secret, role);
+        ``jwt``: how JSON Web Tokens are verified (mode ``jwt``)."""
         self.mode = mode
+        self._jwt = jwt_tokens.Verifier(jwt) if mode == "jwt" and jwt is not None else None
+        if mode == "jwt" and self._jwt is None:
+            raise ValueError("auth mode jwt needs a JWT configuration (CONVEYOR_JWT_SECRET or CONVEYOR_JWT_PUBLIC_KEY)")
         self._tokens = [(_digest(token), role) for token, role in (tokens or {}).items()]
         self._aws = dict(aws_credentials or {})
         self.aws_secrets = {key: secret for key, (secret, _) in self._aws.items()}
@@ -95,10 +101,21 @@ class Policy:
             return ADMIN
         return self.bearer(authorization)
 
+    @property
+    def takes_bearers(self) -> bool:
+        """Whether a bearer token is a credential (modes token and jwt), on every protocol."""
+        return self.mode in ("token", "jwt")
+
     def bearer(self, authorization: str) -> Identity:
         """The identity a ``Bearer <token>`` header proves, or ``errors.Unauthorized``."""
         scheme, _, token = authorization.partition(" ")
-        role = self.token_role(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise errors.Unauthorized("unknown or malformed bearer token")
+        if self._jwt is not None and jwt_tokens.looks_like_jwt(token):
+            claims = self._jwt.verify(token)
+            return Identity(claims.role, claims.subject)
+        role = self.token_role(token)
         if role is None:
             raise errors.Unauthorized("unknown or malformed bearer token")
         return Identity(role)

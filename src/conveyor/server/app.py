@@ -20,7 +20,7 @@ import conveyor
 from conveyor import errors
 from conveyor.db import migrate
 from conveyor.db.pool import Database
-from conveyor.protocols import auth
+from conveyor.protocols import auth, jwt_tokens
 from conveyor.protocols.aws import gateway as aws_gateway
 from conveyor.protocols.aws import service as aws_service
 from conveyor.protocols.rest import render
@@ -104,6 +104,15 @@ async def _startup(settings: Settings, database: Database, open_timeout: float) 
         log.info("applied migration %s", m.label)
 
 
+def _jwt_config(settings: Settings) -> jwt_tokens.JwtConfig | None:
+    if settings.auth_mode != "jwt":
+        return None
+    return jwt_tokens.JwtConfig(
+        secret=settings.jwt_secret, public_key=settings.jwt_public_key, algorithms=settings.jwt_algorithms,
+        role_claim=settings.jwt_role_claim, roles=settings.jwt_roles or jwt_tokens.DEFAULT_ROLES,
+        audience=settings.jwt_audience, issuer=settings.jwt_issuer, leeway=settings.jwt_leeway)
+
+
 def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> App:
     database = Database(dsn, min_size=settings.pool_min, max_size=settings.pool_max,
                         max_waiting=settings.pool_max_waiting)
@@ -112,10 +121,10 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
     broker = ServerBroker(settings, database, metrics)
     supervisor = Supervisor(metrics)
     gate = middleware.Gate(settings.max_requests)  # requests in progress, over every protocol
-    policy = auth.Policy(settings.auth_mode, settings.auth_tokens, settings.aws_credentials)
-    if settings.auth_mode == "token" and not settings.aws_credentials:
-        log.warning("auth mode token without CONVEYOR_AWS_CREDENTIALS: SQS and SNS requests are refused "
-                    "unless they carry a configured bearer token")
+    policy = auth.Policy(settings.auth_mode, settings.auth_tokens, settings.aws_credentials, _jwt_config(settings))
+    if policy.takes_bearers and not settings.aws_credentials:
+        log.warning("auth mode %s without CONVEYOR_AWS_CREDENTIALS: SQS and SNS requests are refused "
+                    "unless they carry a bearer token", settings.auth_mode)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -103,7 +103,7 @@ def authenticate(endpoint: Endpoint, request: Request, body: bytes, error: type[
     authorization = request.headers.get("authorization")
     query = query_string(request)
     scope = sigv4.parse_scope(authorization) or (sigv4.parse_query_scope(query) if query else None)
-    if policy.mode == "token" and auth.is_bearer(authorization):
+    if policy.takes_bearers and auth.is_bearer(authorization):
         try:
             return Caller(policy.bearer(authorization or ""), scope)
         except errors.Unauthorized as exc:
@@ -117,7 +117,7 @@ def authenticate(endpoint: Endpoint, request: Request, body: bytes, error: type[
         return Caller(auth.Identity(policy.aws_role(verified.access_key), verified.access_key), scope)
     if authorization is None and scope is None and policy.mode != "none":
         raise error("MissingAuthenticationToken", "Request is missing Authentication Token")
-    if policy.mode == "token":
+    if policy.takes_bearers:
         raise error("InvalidClientTokenId", "This server takes AWS requests signed with its configured "
                     "credentials (CONVEYOR_AWS_CREDENTIALS) or bearer tokens only.")
     return Caller(auth.ADMIN, scope)

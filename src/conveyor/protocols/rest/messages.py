@@ -13,13 +13,19 @@ from conveyor.protocols.rest import request as req
 from conveyor.protocols.rest.context import broker
 
 
-def _outgoing(m: models.MessageIn) -> types.OutgoingMessage:
+def _outgoing(m: models.MessageIn, sender: str | None) -> types.OutgoingMessage:
     if isinstance(m.message, str):
         body, content_type = m.message, None
     else:
         body, content_type = orjson.dumps(m.message).decode(), types.JSON_CONTENT_TYPE
     return types.OutgoingMessage(body=body, headers=m.headers, delay=m.delay, content_type=content_type,
-                                 group_id=m.group_id, dedup_id=m.dedup_id)
+                                 group_id=m.group_id, dedup_id=m.dedup_id, sender_id=sender)
+
+
+def _sender(request: Request) -> str | None:
+    """Who sends: the principal the server verified (a JWT's sub), never what the client says."""
+    identity = request.scope.get("conveyor.identity")
+    return identity.principal if identity is not None else None
 
 
 async def send(request: Request) -> Response:
@@ -32,10 +38,11 @@ async def send(request: Request) -> Response:
         raise errors.InvalidInput("invalid request: the body must be a message object or an array of message objects")
     if isinstance(data, list):
         batch = req.validate(models.SendBatch, data).root
-        sent = await broker(request).send(req.queue_name(request), [_outgoing(m) for m in batch])
+        sender = _sender(request)
+        sent = await broker(request).send(req.queue_name(request), [_outgoing(m, sender) for m in batch])
         return render.json({"ids": [s.id for s in sent]}, 201)
     single = req.validate(models.MessageIn, data)
-    [sent] = await broker(request).send(req.queue_name(request), [_outgoing(single)])
+    [sent] = await broker(request).send(req.queue_name(request), [_outgoing(single, _sender(request))])
     return render.json({"id": sent.id}, 201)
 
 

@@ -107,6 +107,8 @@ class Message(BaseModel):
     visible_at: datetime
     group_id: str | None = None
     dedup_id: str | None = None
+    sender_id: str | None = Field(None, description="who sent it, as the server verified (a JWT's sub, an "
+                                                    "AWS access key id); clients cannot set it")
 
 
 class ReceiveQuery(_Strict):

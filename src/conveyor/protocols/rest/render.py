@@ -72,4 +72,6 @@ def message(m: types.Message, receipt: str) -> dict[str, Any]:
     if m.group_id is not None:
         out["group_id"] = m.group_id
         out["dedup_id"] = m.dedup_id
+    if m.sender_id is not None:
+        out["sender_id"] = m.sender_id
     return out

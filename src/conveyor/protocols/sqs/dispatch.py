@@ -70,7 +70,7 @@ def _context(endpoint: service.Endpoint, request: Request, caller: service.Calle
         default_region=endpoint.region,
         account_id=endpoint.account_id,
         base_url=service.base_url(endpoint, request),
-        sender_id=scope.access_key if scope else endpoint.account_id,
+        sender_id=caller.identity.principal or (scope.access_key if scope else endpoint.account_id),
         request_id=request_id,
         path_queue_url=f"/{account}/{queue}" if account and queue else None,
     )
