@@ -38,10 +38,9 @@ import psycopg
 from psycopg import conninfo
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rawhttp import HttpError, RawHttp  # noqa: E402
-from sqs_bench import Child, free_port  # noqa: E402
-
-from conveyor.db import migrate  # noqa: E402
+from conveyor.db import migrate
+from rawhttp import HttpError, RawHttp
+from sqs_bench import Child, free_port
 
 ADMIN_DSN = os.environ.get("CONVEYOR_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 DATABASE = "conveyor_overload_bench"
@@ -172,7 +171,7 @@ def main() -> None:
     print(f"{'clients':>7} {'server':<10} {'accepted/s':>10} {'throttled/s':>11} {'other':>6} {'acc p50 ms':>10} "
           f"{'acc p99 ms':>10} {'thr p50 ms':>10} {'thr p99 ms':>10} {'peak RSS MB':>11}")
     for (clients, name), rs in runs.items():
-        def med(f):  # noqa: ANN001, ANN202
+        def med(f, rs=rs):
             return statistics.median(f(r) for r in rs)
         print(f"{clients:>7} {name:<10} {med(lambda r: len(r.accepted) / r.seconds):>10.0f} "
               f"{med(lambda r: len(r.throttled) / r.seconds):>11.0f} {med(lambda r: r.other):>6.0f} "

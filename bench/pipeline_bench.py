@@ -55,11 +55,10 @@ def baseline(dsn: str, target: Path) -> tuple[int, float]:
     """COPY the stream's events out as CSV, parse with pyarrow, write Parquet."""
     started = time.perf_counter()
     buf = io.BytesIO()
-    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
-        with cur.copy("COPY (SELECT ev_id, ev_type, ev_data, ev_time FROM conveyor.stream_events) "
-                      "TO STDOUT (FORMAT csv)") as copy:
-            for chunk in copy:
-                buf.write(chunk)
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur, cur.copy(
+            "COPY (SELECT ev_id, ev_type, ev_data, ev_time FROM conveyor.stream_events) TO STDOUT (FORMAT csv)") as copy:
+        for chunk in copy:
+            buf.write(chunk)
     buf.seek(0)
     table = pacsv.read_csv(buf, read_options=pacsv.ReadOptions(column_names=["id", "type", "payload", "created_at"]),
                            convert_options=pacsv.ConvertOptions(column_types={"created_at": pa.timestamp("us", "UTC")}))
@@ -82,7 +81,7 @@ def spark_child(master: str, dsn: str, path: str, consumer: str) -> None:
 
 
 def run_spark(master: str, dsn: str, work: Path, n: int, timeout: float) -> dict[str, float]:
-    path = work / f"lake-{master.strip('local[]')}-{n}"
+    path = work / f"lake-{master.removeprefix('local[').removesuffix(']')}-{n}"
     proc = subprocess.run([sys.executable, __file__, "--child", master, dsn, str(path), f"bench-{path.name}"],
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

@@ -173,7 +173,7 @@ async def sql_cells(dsn: str, queue: str, clients: int, seconds: float, max_ops:
     receive_sql = RAW_RECEIVE if raw else "SELECT id FROM conveyor.message_receive(%s, 600)"
     delete_sql = RAW_DELETE if raw else "SELECT conveyor.message_delete(%s, %s::bigint)"
 
-    def statement(sql: str, params: Callable[[], tuple], keep: bool = False):  # noqa: ANN202
+    def statement(sql: str, params: Callable[[], tuple], keep: bool = False):
         async def make(n: int) -> Callable[[], Awaitable[bool]]:
             conn = conns[n]
 

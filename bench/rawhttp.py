@@ -63,8 +63,7 @@ class RawHttp:
                 if conn is None:
                     conn = _Connection(*await asyncio.open_connection(self.host, self.port))
                 status, body, keep = await conn.exchange(request)
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
-                ValueError) as exc:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             if conn is not None:
                 conn.close()
             raise HttpError(repr(exc)) from exc

@@ -46,9 +46,8 @@ import time
 import aiohttp
 import psycopg
 
-from queue_bench import Server, fresh_database, run_clients
-
 from conveyor.db import listen
+from queue_bench import Server, fresh_database, run_clients
 
 CORES = os.cpu_count() or 1
 SMALL = "x" * 100
@@ -91,7 +90,7 @@ async def append_rate(dsn: str, stream: str, clients: int, per_tx: int, payload:
     conns = [await connect(dsn, sync_commit) for _ in range(clients)]
     batch = [payload] * per_tx
 
-    async def make(n: int):  # noqa: ANN202
+    async def make(n: int):
         conn = conns[n]
         if per_tx == 1:
             async def op() -> bool:
@@ -232,7 +231,7 @@ async def main(args: argparse.Namespace) -> None:
     dsn = await fresh_database("conveyor_stream_bench")
     rows: list[tuple[str, float, int | None]] = []
 
-    async def measure(label: str, pgque_key: str | None, run) -> None:  # noqa: ANN001
+    async def measure(label: str, pgque_key: str | None, run) -> None:
         rates = [await run() for _ in range(args.repeat)]
         rate = statistics.median(rates)
         rows.append((label, rate, PGQUE.get(pgque_key) if pgque_key else None))

@@ -32,21 +32,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
+import boto3
 import psycopg
 from aiohttp import web
 
-import boto3
-from queue_bench import Cell, Server, fresh_database, run_clients
-from sqs_bench import start_moto
-
 from conveyor import types
 from conveyor.core import topics
+from queue_bench import Cell, Server, fresh_database, run_clients
+from sqs_bench import start_moto
 
 BODY = "x" * 100
 ACCOUNT = "000000000000"
@@ -138,7 +138,7 @@ async def delivery_rate(dsn: str, deliveries: int, batch: int) -> tuple[float, f
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the bound port
+    port = site._server.sockets[0].getsockname()[1]
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         for i in range(deliveries):
             await topics.subscribe(conn, types.NewSubscription(
@@ -149,10 +149,8 @@ async def delivery_rate(dsn: str, deliveries: int, batch: int) -> tuple[float, f
                     CONVEYOR_WEBHOOK_BATCH=str(batch))
     try:
         await server.wait_ready()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), DELIVERY_LIMIT)
-        except TimeoutError:
-            pass
     finally:
         server.stop()
         await runner.cleanup()

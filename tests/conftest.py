@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import httpx
 import psycopg
 import pytest
 from psycopg import conninfo

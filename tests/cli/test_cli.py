@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from conveyor.cli import output
 from support.cli import CLI, failed, ok, ok_json, run

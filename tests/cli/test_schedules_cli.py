@@ -11,7 +11,7 @@ from click.testing import Result
 from conveyor import types
 from conveyor.core import topics
 from conveyor.db import pool
-from support.cli import CLI, run, ok, ok_json, failed
+from support.cli import failed, ok, ok_json, run
 
 
 def sch(dsn: str, *args: str) -> Result:

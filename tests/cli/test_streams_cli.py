@@ -4,11 +4,10 @@ NAME``) and run maintenance (``streams maint``) themselves."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from click.testing import CliRunner, Result
-from support.cli import CLI, run, ok, ok_json, failed, rows
+
+from support.cli import CLI, failed, ok, ok_json, rows, run
 
 
 def streams(dsn: str, *args: str, input: str | None = None) -> Result:

@@ -10,7 +10,7 @@ from click.testing import Result
 from conveyor.core import signing
 from conveyor.core import topics as ops
 from conveyor.db import pool
-from support.cli import CLI, run, ok, ok_json, failed, rows
+from support.cli import failed, ok, ok_json, rows, run
 
 
 def topics(dsn: str, *args: str, input: str | None = None) -> Result:

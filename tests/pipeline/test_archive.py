@@ -4,6 +4,7 @@ reading exactly the Parquet files the Delta log lists)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,9 +17,9 @@ from pathlib import Path
 import psycopg
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from spark.helpers import append, sql, tick
 
 from conveyor.pipeline import archive
+from spark.helpers import append, sql, tick
 
 
 def _ids(path: Path) -> list[int]:
@@ -81,10 +82,8 @@ def _cli(args: list[str], dsn: str, **env: str) -> subprocess.Popen[str]:
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait(30)
 
 

@@ -10,9 +10,8 @@ import statistics
 import subprocess
 import sys
 
-from spark.helpers import append, sql, tick
-
 from conveyor.pipeline import archive
+from spark.helpers import append, sql, tick
 
 
 def _percentile(values: list[float], q: float) -> float:

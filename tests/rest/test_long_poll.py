@@ -12,7 +12,6 @@ import pytest
 from support.server import ServerProcess
 
 
-
 async def _client(server) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=60,
                              limits=httpx.Limits(max_connections=1000, max_keepalive_connections=1000))

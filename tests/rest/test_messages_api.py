@@ -79,7 +79,7 @@ def test_batch_delete_and_delay(http, q):
     ids = http.post(f"{q}/messages", json=[{"message": "a"}, {"message": "b"}, {"message": "c", "delay": 60}]).json()["ids"]
     got = http.get(f"{q}/messages", params={"max": 10}).json()
     assert [m["message"] for m in got] == ["a", "b"]
-    r = http.request("DELETE", f"{q}/messages", json={"ids": ids + [999999]})
+    r = http.request("DELETE", f"{q}/messages", json={"ids": [*ids, 999999]})
     assert r.status_code == 200 and r.json() == {"deleted": ids}
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import unique_name
 from support.server import ServerProcess
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from conveyor import errors, types
 from conveyor.core import schedule_expr as se
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 NY = "America/New_York"
 
 
@@ -123,7 +123,7 @@ def test_fire_at_is_one_utc_instant():
 
 
 def test_exactly_one_shape_and_a_real_time_zone():
-    with pytest.raises(errors.InvalidInput, match="exactly one of cron, every, when or fire_at$"):
+    with pytest.raises(errors.InvalidInput, match=r"exactly one of cron, every, when or fire_at$"):
         se.parse()
     with pytest.raises(errors.InvalidInput, match=r"\(got cron, when\)"):
         se.parse(cron="* * * * *", when="hourly")

@@ -10,7 +10,7 @@ import json
 from conveyor import types
 from conveyor.core import messages, queues, schedule_expr, schedules, topics
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 T0 = dt.datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
 

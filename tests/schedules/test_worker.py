@@ -21,7 +21,7 @@ from conveyor.server.metrics import Metrics
 from conveyor.settings import Settings
 from support.server import ServerProcess
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 T0 = dt.datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
 

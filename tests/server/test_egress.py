@@ -117,9 +117,8 @@ async def test_the_http_client_connects_only_to_checked_addresses():
                 await http.post(f"http://localhost:{port}/x", data=b"")
         assert seen == []  # never connected
         allowed = webhooks.Config(allowlist=egress.Allowlist.parse("127.0.0.0/8,::1/128"))
-        async with webhooks.session(allowed) as http:
-            async with http.post(f"http://localhost:{port}/x", data=b"") as response:
-                assert response.status == 204
+        async with webhooks.session(allowed) as http, http.post(f"http://localhost:{port}/x", data=b"") as response:
+            assert response.status == 204
         assert len(seen) == 1 and f"host: localhost:{port}".encode() in seen[0].lower()
 
 

@@ -17,7 +17,7 @@ class Recorder:
         self.calls: list[list[list[int]]] = []
         self.delay = delay
 
-    async def __call__(self, key: str, requests):  # noqa: ANN001
+    async def __call__(self, key: str, requests):
         self.calls.append(list(requests))
         await asyncio.sleep(self.delay)
         if any(-1 in r for r in requests):
@@ -63,7 +63,7 @@ async def test_bad_input_fails_only_the_culprit():
 
 
 async def test_other_errors_reach_every_request_of_the_batch():
-    async def broken(key, requests):  # noqa: ANN001
+    async def broken(key, requests):
         await asyncio.sleep(0.01)
         raise errors.Unavailable("down")
 

@@ -73,7 +73,7 @@ def test_metrics_families(client):
 def test_unhandled_errors_are_json_500_without_internals(dsn):
     app = create_app(Settings(auth_mode="none"), dsn)
 
-    async def boom(request):  # noqa: ANN001
+    async def boom(request):
         raise RuntimeError("secret internals")
 
     app.router.add_route("/boom", boom)

@@ -75,7 +75,7 @@ def test_overload_is_refused_fast_in_each_protocol_and_loses_nothing(small_serve
     assert len(bodies) == len(set(bodies))  # nothing stored twice, and exactly what was acknowledged
     assert set(bodies) == accepted
     metrics = small_server_metrics(small_server)
-    assert 'conveyor_admission_refused_total{stage="requests"}' in metrics
+    assert "conveyor_admission_refused_total{stage=" in metrics  # refused at the edge or by fusion
 
 
 def small_server_metrics(server: ServerProcess) -> str:

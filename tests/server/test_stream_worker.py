@@ -73,7 +73,7 @@ async def test_the_worker_ticks_moves_due_events_and_vacuums(dsn, conn):
 
         # maintenance: a scheduled event and a retry are moved into the stream when due
         await streams.append_at(conn, S, types.StreamEventIn(payload="later"),
-                                dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=0.3))
+                                dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.3))
         [later] = await eventually(lambda: streams.receive(conn, S, "c"), "the scheduled event")
         assert later.payload == "later"
         # a retried event keeps its id, so it does not count as a new event for

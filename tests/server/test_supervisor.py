@@ -64,5 +64,5 @@ def test_the_stream_ticker_survives_an_unexpected_error(dsn, monkeypatch):
         assert [e["payload"] for e in batch["events"]] == ["one"]
         ready = c.get("/readyz").json()
         assert ready["workers"]["stream-ticker"]["restarts"] == 1
-        assert "RuntimeError: a bug in the ticker" == ready["workers"]["stream-ticker"]["last_error"]
+        assert ready["workers"]["stream-ticker"]["last_error"] == "RuntimeError: a bug in the ticker"
         assert 'conveyor_worker_restarts_total{worker="stream-ticker"} 1.0' in c.get("/metrics").text

@@ -56,7 +56,7 @@ async def hook_server() -> AsyncIterator[Hook]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the bound port
+    port = site._server.sockets[0].getsockname()[1]
     hook.url = f"http://127.0.0.1:{port}/hook"
     try:
         yield hook

@@ -98,7 +98,7 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode()
             with endpoint.lock:
                 endpoint.received.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()},

@@ -59,7 +59,7 @@ def test_query_success_and_error_shapes(server):
                 **{"Attributes.entry.1.key": "DisplayName", "Attributes.entry.1.value": "Shown"})
     assert ok.status_code == 200 and ok.headers["content-type"].startswith("text/xml")
     root = ET.fromstring(ok.text)
-    assert root.tag == "{%s}CreateTopicResponse" % NS["sns"]
+    assert root.tag == "{{{}}}CreateTopicResponse".format(NS["sns"])
     arn = root.find("sns:CreateTopicResult/sns:TopicArn", NS).text
     assert root.find("sns:ResponseMetadata/sns:RequestId", NS).text == ok.headers["x-amzn-RequestId"]
     attrs = ET.fromstring(_query(server, Action="GetTopicAttributes", TopicArn=arn).text)

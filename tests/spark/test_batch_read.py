@@ -9,6 +9,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+
 from spark.helpers import append, sql, tick, value
 
 

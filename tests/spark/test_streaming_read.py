@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+
 from spark.helpers import append, sql, tick, value
 
 

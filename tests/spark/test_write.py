@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark import TaskContext
+
 from spark.helpers import append, sql, tick, value
 
 

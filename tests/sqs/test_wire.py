@@ -43,7 +43,7 @@ def test_query_success_and_error_shapes(server):
     ok = _query(server, Action="CreateQueue", QueueName="wire-query", Version="2012-11-05")
     assert ok.status_code == 200 and ok.headers["content-type"].startswith("text/xml")
     root = ET.fromstring(ok.text)
-    assert root.tag == "{%s}CreateQueueResponse" % NS["sqs"]
+    assert root.tag == "{{{}}}CreateQueueResponse".format(NS["sqs"])
     url = root.find("sqs:CreateQueueResult/sqs:QueueUrl", NS).text
     request_id = root.find("sqs:ResponseMetadata/sqs:RequestId", NS).text
     assert url.endswith("/wire-query") and request_id == ok.headers["x-amzn-RequestId"]
@@ -95,7 +95,7 @@ def test_large_query_forms(server):
     r = _query(server, Action="SendMessageBatch", QueueUrl=url, **entries, **stray)
     root = ET.fromstring(r.text)
     assert r.status_code == 200, r.text
-    assert sorted(e.text for e in root.iter("{%s}Id" % NS["sqs"])) == sorted(f"I{i}" for i in range(1, 11))
+    assert sorted(e.text for e in root.iter("{{{}}}Id".format(NS["sqs"]))) == sorted(f"I{i}" for i in range(1, 11))
     r = _query(server, Action="ListQueues", **{f"Stray.{i}": "x" for i in range(10_001)})
     assert r.status_code == 400 and "The request has more than 10000 parameters." in r.text
 

@@ -272,7 +272,7 @@ async def test_drop_removes_everything_and_is_false_for_an_unknown_stream(conn):
     await send(conn, S, "x")
     await streams.force_tick(conn, S)
     await streams.append_at(conn, S, types.StreamEventIn(payload="later"),
-                            dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1))
+                            dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
     [(relations,)] = await sql(conn, "SELECT count(*) FROM pg_class WHERE relname LIKE %s", f"stream\\_{sid}\\_%")
     assert relations >= 3
 
@@ -450,7 +450,7 @@ async def test_next_batch_min_count_takes_the_latest_tick_with_enough_events(con
 
 
 async def test_next_batch_min_interval_needs_that_much_time_between_the_ticks(conn):
-    t0, t1, t2, t3 = await _three_ticks(conn)
+    t0, t1, _t2, _t3 = await _three_ticks(conn)
     assert await streams.next_batch(conn, S, "c", min_interval=dt.timedelta(minutes=1)) is None
     # the consumer's position 20 minutes ago, T1 10 minutes ago, T2 and T3 now
     await age_tick(conn, t0, "20 minutes")
@@ -461,7 +461,7 @@ async def test_next_batch_min_interval_needs_that_much_time_between_the_ticks(co
 
 
 async def test_next_batch_min_lag_takes_only_ticks_that_old(conn):
-    t0, t1, t2, t3 = await _three_ticks(conn)
+    t0, t1, t2, _t3 = await _three_ticks(conn)
     assert await streams.next_batch(conn, S, "c", min_lag=dt.timedelta(minutes=1)) is None
     await age_tick(conn, t0, "20 minutes")
     await age_tick(conn, t1, "10 minutes")
@@ -547,7 +547,7 @@ async def test_append_at_a_future_time_stays_out_until_due(conn):
     await streams.create(conn, S)
     await streams.subscribe(conn, S, "c")
     event = types.StreamEventIn(payload="later", type="remind", extra1="x1", extra4="x4")
-    entry = await streams.append_at(conn, S, event, dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1))
+    entry = await streams.append_at(conn, S, event, dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
     assert await sql(conn, "SELECT ev_type, ev_data FROM conveyor.stream_delayed WHERE id = %s", entry) == [
         ("remind", "later")], "the id of the scheduled entry"
     assert (await stats_of(conn, S)).delayed == 1
@@ -569,19 +569,19 @@ async def test_append_at_a_past_time_appends_now_and_returns_the_event_id(conn):
     await streams.create(conn, S)
     await streams.subscribe(conn, S, "c")
     event_id = await streams.append_at(conn, S, types.StreamEventIn(payload="now", extra2="e2"),
-                                       dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1))
+                                       dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
     assert (await stats_of(conn, S)).delayed == 0
     await streams.force_tick(conn, S)
     [got] = await drain(conn, S, "c")
     assert (got.id, got.type, got.payload, got.extra2) == (event_id, "default", "now", "e2")
     with pytest.raises(errors.StreamNotFound):
-        await streams.append_at(conn, "nope", types.StreamEventIn(payload="x"), dt.datetime.now(dt.timezone.utc))
+        await streams.append_at(conn, "nope", types.StreamEventIn(payload="x"), dt.datetime.now(dt.UTC))
 
 
 async def test_scheduled_events_enter_the_stream_in_due_order(conn):
     await streams.create(conn, S)
     await streams.subscribe(conn, S, "c")
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     await streams.append_at(conn, S, types.StreamEventIn(payload="second"), now + dt.timedelta(hours=2))
     await streams.append_at(conn, S, types.StreamEventIn(payload="first"), now + dt.timedelta(hours=1))
     # both due, keeping their order
@@ -693,7 +693,7 @@ async def test_rotation_switches_tables_and_loses_nothing_for_a_lagging_consumer
     await send(conn, S, "e1")
     assert "rotation_step1" in await rotate()
     assert await cur_table() == 1
-    assert (await streams.get(conn, S)).switch_time > dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
+    assert (await streams.get(conn, S)).switch_time > dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
     await send(conn, S, "e2")
     assert await maint() == ["rotation_step2"]
     [(detail,)] = await sql(conn, "SELECT detail FROM conveyor.stream_health() WHERE check_name = 'rotation'")
@@ -783,7 +783,7 @@ async def test_stats_depth_rate_and_counts_are_typed_numbers(conn):
     assert dt.timedelta(0) <= st.rotation_age < dt.timedelta(minutes=1)
 
     await streams.append_at(conn, S, types.StreamEventIn(payload="later"),
-                            dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1))
+                            dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
     events = await streams.receive(conn, S, "c")
     await streams.dead_letter(conn, events[0].batch_id, events[0].id, "bad")
     await streams.event_retry(conn, events[0].batch_id, events[1].id, 3600)

@@ -29,6 +29,7 @@ tests/db/test_embedded.py for why not tmp_path) and is stopped and removed at th
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
 import tempfile
@@ -226,7 +227,7 @@ def assert_scheduled(dsn: str, message: str) -> tuple[int, int, int]:
     report = status(dsn)
     assert report["pg_cron"][0] == "installed"
     assert report["pg_cron"][1] == "version " + q(dsn, "SELECT extversion FROM pg_extension WHERE extname = 'pg_cron'")[0][0]
-    for (component, (_, schedule, _)), job_id in zip(JOBS.items(), ids):
+    for (component, (_, schedule, _)), job_id in zip(JOBS.items(), ids, strict=False):
         state, detail = report[component]
         assert state == "scheduled"
         assert detail.startswith(f"job {job_id} {schedule}, ")
@@ -427,7 +428,7 @@ def test_minute_job_ticks_every_second(live, mode):
     assert run.window is not None, "no delivery, so no tick window\n" + run.diagnostics()
     ticks = run.window_ticks
     assert len(ticks) >= 5, f"{len(ticks)} ticks in {TICK_WINDOW:.0f} s: {ticks}\n" + run.diagnostics()
-    gaps = [(b - a).total_seconds() for a, b in zip(ticks, ticks[1:])]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(ticks)]
     assert all(0.5 < gap < 2.5 for gap in gaps), gaps  # every_ms = 1000, not a busy loop
     assert run.window_sent > 20
     assert run.window_received == run.window_sent
@@ -480,7 +481,7 @@ def test_pg_cron_defaults_cannot_log_in_to_the_embedded_cluster(live):
     assert {r[0] for r in runs} >= set(run.job_ids[:2]), run.diagnostics()
     assert all(r[1:] == ("failed", "connection failed", None) for r in runs), run.diagnostics()
     assert run.delivered == []  # so nothing ticked
-    assert "cron job %s connection failed" % run.job_ids[0] in run.cluster.log_tail(100_000)
+    assert f"cron job {run.job_ids[0]} connection failed" in run.cluster.log_tail(100_000)
 
 
 def test_status_reports_runs_that_failed_to_connect(live):

@@ -32,7 +32,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         # a file, not a pipe: a pipe nobody reads fills up (64 KiB of logged errors) and
         # then blocks the server's next log line, and with it the server
-        self.log = tempfile.TemporaryFile()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as this object
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", *self.args],

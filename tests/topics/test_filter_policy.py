@@ -70,7 +70,7 @@ INVALID = [
 
 @pytest.mark.parametrize(("policy", "message"), INVALID)
 def test_invalid_policies(policy, message):
-    with pytest.raises(errors.InvalidInput, match="^Invalid parameter: FilterPolicy: ") as info:
+    with pytest.raises(errors.InvalidInput, match=r"^Invalid parameter: FilterPolicy: ") as info:
         filter_policy.validate(policy)
     assert message in info.value.message
 
@@ -97,15 +97,15 @@ def test_combinations_and_scope():
 
 # -- matching, in SQL ------------------------------------------------------------------------
 
-def S(v: str) -> dict:  # noqa: N802 - attribute constructors
+def S(v: str) -> dict:
     return {"DataType": "String", "StringValue": v}
 
 
-def N(v: str) -> dict:  # noqa: N802
+def N(v: str) -> dict:
     return {"DataType": "Number", "StringValue": v}
 
 
-def A(*v: object) -> dict:  # noqa: N802
+def A(*v: object) -> dict:
     return {"DataType": "String.Array", "StringValue": json.dumps(list(v))}
 
 
@@ -288,7 +288,7 @@ def oracle(cond, value) -> bool:
         same = [o for o in others if isinstance(o, str) == (vtype == "String")]
         return not any(o == v if vtype == "String" else _dec(o) == _dec(v) for o in same)
     if op == "numeric":
-        return vtype == "Number" and all(_cmp(o, _dec(v), _dec(b)) for o, b in zip(arg[0::2], arg[1::2]))
+        return vtype == "Number" and all(_cmp(o, _dec(v), _dec(b)) for o, b in zip(arg[0::2], arg[1::2], strict=False))
     raise AssertionError(op)
 
 

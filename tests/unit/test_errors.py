@@ -26,7 +26,7 @@ def test_driver_errors_are_translated():
 
 
 def test_every_error_class_has_an_http_status():
-    def subclasses(cls):  # noqa: ANN001, ANN202
+    def subclasses(cls):
         for sub in cls.__subclasses__():
             yield sub
             yield from subclasses(sub)

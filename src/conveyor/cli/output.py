@@ -155,12 +155,12 @@ class Column:
 def table(rows: Iterable[Any], columns: Sequence[Column]) -> str:
     """Rows as an aligned plain-text table with a header line."""
     values = [[c.value(r) for c in columns] for r in rows]
-    texts = [[c.text(v) for c, v in zip(columns, row)] for row in values]
+    texts = [[c.text(v) for c, v in zip(columns, row, strict=False)] for row in values]
     right = [c.right or (any(_is_number(row[i]) for row in values)
                          and all(v is None or _is_number(v) for v in (row[i] for row in values)))
              for i, c in enumerate(columns)]
     widths = [max([_width(c.header)] + [_width(t[i]) for t in texts]) for i, c in enumerate(columns)]
-    lines = [[c.header for c in columns]] + texts
+    lines = [[c.header for c in columns], *texts]
     return "\n".join(
         "  ".join(_pad(t, widths[i], right[i]) for i, t in enumerate(line)).rstrip()
         for line in lines)

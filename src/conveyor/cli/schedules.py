@@ -19,8 +19,8 @@ import click
 from conveyor import errors, types
 from conveyor.cli import context, output
 from conveyor.cli.output import Column
-from conveyor.core import schedule_expr, schedules as ops
-from conveyor.core import signing, topics
+from conveyor.core import schedule_expr, signing, topics
+from conveyor.core import schedules as ops
 
 _SHAPE_OPTIONS = ("cron", "every", "when", "at")
 
@@ -334,7 +334,7 @@ def preview(obj, count: int, after: str | None, **opts: Any) -> None:  # noqa: A
     expr = _expression(opts)
     assert expr is not None
     try:
-        start = schedule_expr.parse_instant(after, expr.timezone) if after else dt.datetime.now(dt.timezone.utc)
+        start = schedule_expr.parse_instant(after, expr.timezone) if after else dt.datetime.now(dt.UTC)
     except errors.InvalidInput as exc:
         raise click.UsageError(exc.message) from None
     fires = schedule_expr.next_fires(expr, start, count)

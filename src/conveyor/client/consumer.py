@@ -40,7 +40,7 @@ Handler = Callable[[StreamEvent, "Context"], Awaitable[None] | None]
 H = TypeVar("H", bound=Handler)
 
 
-class DeadLetter(Exception):  # noqa: N818 - it names what happens, like StopIteration
+class DeadLetter(Exception):
     """Raise from a handler to dead-letter the event at once (no retries)."""
 
     def __init__(self, reason: str = "dead-lettered by handler") -> None:
@@ -97,7 +97,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    # a callable object whose __call__ is a coroutine function counts too
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 class Consumer:

@@ -21,15 +21,15 @@ def _payload(payload: Any) -> str:
     return payload if isinstance(payload, str) else orjson.dumps(payload).decode()
 
 
-def _event(payload: Any, type: str, extras: dict[str, str | None]) -> StreamEventIn:  # noqa: A002
+def _event(payload: Any, type: str, extras: dict[str, str | None]) -> StreamEventIn:
     return StreamEventIn(payload=_payload(payload), type=type, **extras)
 
 
-def _events(events: Iterable[StreamEventIn | Any], type: str) -> list[StreamEventIn]:  # noqa: A002
+def _events(events: Iterable[StreamEventIn | Any], type: str) -> list[StreamEventIn]:
     return [e if isinstance(e, StreamEventIn) else StreamEventIn(payload=_payload(e), type=type) for e in events]
 
 
-async def append(conn: Connection, stream: str, payload: Any, *, type: str = "default",  # noqa: A002
+async def append(conn: Connection, stream: str, payload: Any, *, type: str = "default",
                  extra1: str | None = None, extra2: str | None = None, extra3: str | None = None,
                  extra4: str | None = None) -> int:
     """Append one event on ``conn`` (in its transaction, if one is open); the event's id."""
@@ -39,7 +39,7 @@ async def append(conn: Connection, stream: str, payload: Any, *, type: str = "de
 
 
 async def append_batch(conn: Connection, stream: str, events: Iterable[StreamEventIn | Any], *,
-                       type: str = "default") -> list[int]:  # noqa: A002
+                       type: str = "default") -> list[int]:
     """Append events in one statement on ``conn``: ``StreamEventIn`` values, or payloads
     (given ``type``); their ids in order."""
     batch = _events(events, type)
@@ -65,7 +65,7 @@ class Producer:
                     self._opened = True
         return self._db
 
-    async def append(self, stream: str, payload: Any, *, type: str = "default",  # noqa: A002
+    async def append(self, stream: str, payload: Any, *, type: str = "default",
                      extra1: str | None = None, extra2: str | None = None, extra3: str | None = None,
                      extra4: str | None = None) -> int:
         async with (await self._open()).connection() as conn:
@@ -73,7 +73,7 @@ class Producer:
                                 extra3=extra3, extra4=extra4)
 
     async def append_batch(self, stream: str, events: Iterable[StreamEventIn | Any], *,
-                           type: str = "default") -> list[int]:  # noqa: A002
+                           type: str = "default") -> list[int]:
         batch = _events(events, type)
         if not batch:
             return []

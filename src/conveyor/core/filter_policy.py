@@ -192,7 +192,7 @@ def _check_numeric(arg: Any) -> None:
         raise _invalid('Value of numeric must be an array of one or two [operator, number] pairs, '
                        'e.g. [">", 0, "<=", 150]')
     ops, numbers = arg[0::2], arg[1::2]
-    for op, number in zip(ops, numbers):
+    for op, number in zip(ops, numbers, strict=False):
         if op not in NUMERIC_OPS:
             raise _invalid(f"Unrecognized numeric range operator: {op}")
         if not _is_number(number):

@@ -12,12 +12,12 @@ Connection = db.Connection
 
 async def start(conn: Connection, source: str, destination: str | None = None,
                 max_per_second: int | None = None) -> types.MoveTask:
-    return await db.fetch_one(conn, "move_task_start", {
+    return await db.fetch_row(conn, "move_task_start", {
         "source": source, "destination": destination, "max_per_second": max_per_second}, row=types.MoveTask)
 
 
 async def cancel(conn: Connection, handle: UUID) -> types.MoveTask:
-    return await db.fetch_one(conn, "move_task_cancel", {"handle": handle}, row=types.MoveTask)
+    return await db.fetch_row(conn, "move_task_cancel", {"handle": handle}, row=types.MoveTask)
 
 
 async def list_for(conn: Connection, source: str, max_results: int = 1) -> list[types.MoveTask]:

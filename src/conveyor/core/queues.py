@@ -14,12 +14,12 @@ Connection = db.Connection
 
 async def create(conn: Connection, name: str, attributes: Mapping[str, Any] | None = None) -> types.Queue:
     """Create a queue, or return it if it exists with every given attribute equal."""
-    return await db.fetch_one(conn, "queue_create", {"name": name, "attributes": dict(attributes or {})},
+    return await db.fetch_row(conn, "queue_create", {"name": name, "attributes": dict(attributes or {})},
                               row=types.Queue)
 
 
 async def alter(conn: Connection, name: str, attributes: Mapping[str, Any]) -> types.Queue:
-    return await db.fetch_one(conn, "queue_alter", {"name": name, "attributes": dict(attributes)},
+    return await db.fetch_row(conn, "queue_alter", {"name": name, "attributes": dict(attributes)},
                               row=types.Queue)
 
 
@@ -28,7 +28,7 @@ async def drop(conn: Connection, name: str) -> bool:
 
 
 async def get(conn: Connection, name: str) -> types.Queue:
-    return await db.fetch_one(conn, "queue_get", {"name": name}, row=types.Queue)
+    return await db.fetch_row(conn, "queue_get", {"name": name}, row=types.Queue)
 
 
 async def list_all(conn: Connection, prefix: str | None = None) -> list[types.Queue]:
@@ -41,16 +41,16 @@ async def purge(conn: Connection, name: str) -> int:
 
 async def tag(conn: Connection, name: str, tags: Mapping[str, str | None]) -> dict[str, str]:
     """Add or change tags (a None value removes the tag); returns all tags."""
-    return await db.fetch_value(conn, "queue_tag", {"name": name, "tags": dict(tags)})
+    return await db.fetch_scalar(conn, "queue_tag", {"name": name, "tags": dict(tags)}, dict)
 
 
 async def untag(conn: Connection, name: str, keys: list[str]) -> dict[str, str]:
-    return await db.fetch_value(conn, "queue_untag", {"name": name, "keys": keys})
+    return await db.fetch_scalar(conn, "queue_untag", {"name": name, "keys": keys}, dict)
 
 
 async def listen(conn: Connection, name: str, seconds: int) -> datetime:
     """Ask senders to NOTIFY about this queue for the next ``seconds``."""
-    return await db.fetch_value(conn, "queue_listen", {"name": name, "seconds": seconds})
+    return await db.fetch_scalar(conn, "queue_listen", {"name": name, "seconds": seconds}, datetime)
 
 
 async def metrics(conn: Connection, name: str) -> types.QueueMetrics:

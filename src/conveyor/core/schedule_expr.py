@@ -36,7 +36,7 @@ import cronsim
 
 from conveyor import errors, types
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 SHAPES = ("cron", "every", "when", "fire_at")
 MAX_PREVIEW = 100
 _MAX_SCAN = 10_000  # occurrences walked one by one before jumping closer to now
@@ -264,6 +264,8 @@ def parse(*, cron: str | None = None, every: str | None = None, when: str | None
         source["timezone"] = tz
     if shape == "fire_at":
         return types.ScheduleExpression(kind="once", timezone=tz, fire_at=parse_instant(value, tz), source=source)
+    if not isinstance(value, str):
+        raise _invalid(f"{shape} must be a string")
     expression = {"cron": canonical_cron, "every": every_to_cron, "when": when_to_cron}[shape](value)
     if shape != "cron":
         expression = canonical_cron(expression)
@@ -346,6 +348,6 @@ def describe(expr: types.ScheduleExpression) -> str:
     try:
         words = cron_descriptor.ExpressionDescriptor(
             expr.cron, use_24hour_time_format=True, verbose=False).get_description()
-    except Exception:  # the describer knows less syntax than cronsim; the cron itself is valid
+    except Exception:  # noqa: BLE001 - the describer knows less syntax than cronsim; the cron is valid
         words = f"cron {expr.cron}"
     return f"{words} ({expr.timezone})"

@@ -27,7 +27,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-
 from conveyor import errors, types
 from conveyor.core import messages, schedule_expr, topics
 from conveyor.db import execute as db
@@ -37,7 +36,7 @@ Publisher = Callable[[Connection, str, types.Publication], Awaitable[types.Publi
 
 log = logging.getLogger(__name__)
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 LIST_MAX = 1000
 PREVIEW_COUNT = 5
 ONE_SHOT_RETRY = dt.timedelta(seconds=60)
@@ -111,7 +110,7 @@ async def create(conn: Connection, name: str, spec: types.ScheduleSpec, *,
     """Create a schedule; ScheduleAlreadyExists if the name is taken."""
     now = _now(now)
     _check_fire_at(spec.expression, now)
-    return await db.fetch_one(conn, "schedule_create", {"name": name, "spec": _spec_json(spec, now)},
+    return await db.fetch_row(conn, "schedule_create", {"name": name, "spec": _spec_json(spec, now)},
                               row=types.Schedule)
 
 
@@ -135,7 +134,7 @@ async def alter(conn: Connection, name: str, changes: types.ScheduleChanges, *,
         _check_fire_at(changes.expression, now)
     async with conn.transaction():
         current = await get(conn, name)
-        return await db.fetch_one(conn, "schedule_alter",
+        return await db.fetch_row(conn, "schedule_alter",
                                   {"name": name, "spec": _changes_json(changes, current, now)}, row=types.Schedule)
 
 
@@ -153,7 +152,7 @@ async def drop(conn: Connection, name: str) -> bool:
 
 
 async def get(conn: Connection, name: str) -> types.Schedule:
-    return await db.fetch_one(conn, "schedule_get", {"name": name}, row=types.Schedule)
+    return await db.fetch_row(conn, "schedule_get", {"name": name}, row=types.Schedule)
 
 
 async def list_all(conn: Connection, *, status: str | None = None, target_kind: str | None = None,

@@ -109,7 +109,7 @@ def generate() -> tuple[str, str]:
     key = rsa.generate_private_key(public_exponent=65537, key_size=KEY_BITS)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SUBJECT),
                       x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Conveyor")])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(name).issuer_name(name)
             .public_key(key.public_key())
@@ -131,9 +131,11 @@ async def load_or_create(conn: Connection) -> Signer:
     if row is None:
         key_pem, cert_pem = generate()
         row = await db.fetch_one(conn, "signing_key_create", {"private_key": key_pem, "certificate": cert_pem})
+    if row is None:
+        raise errors.InternalError("the SNS signing key could not be stored")
     return Signer.from_pem(row[0], row[1])
 
 
 async def certificate(conn: Connection) -> str | None:
     """The stored certificate (PEM), or None if no key was created yet."""
-    return await db.fetch_value(conn, "signing_key_certificate")
+    return await db.fetch_optional(conn, "signing_key_certificate", None, str)

@@ -17,7 +17,7 @@ TICKER_LOCK_KEY = 7306554612  # pg_try_advisory_lock key: one active ticker per 
 
 
 async def create(conn: Connection, name: str, options: Mapping[str, Any] | None = None) -> types.Stream:
-    return await db.fetch_one(conn, "stream_create", {"name": name, "options": dict(options or {})},
+    return await db.fetch_row(conn, "stream_create", {"name": name, "options": dict(options or {})},
                               row=types.Stream)
 
 
@@ -26,7 +26,7 @@ async def drop(conn: Connection, name: str) -> bool:
 
 
 async def get(conn: Connection, name: str) -> types.Stream:
-    return await db.fetch_one(conn, "stream_get", {"name": name}, row=types.Stream)
+    return await db.fetch_row(conn, "stream_get", {"name": name}, row=types.Stream)
 
 
 async def list_all(conn: Connection) -> list[types.Stream]:
@@ -35,7 +35,7 @@ async def list_all(conn: Connection) -> list[types.Stream]:
 
 async def configure(conn: Connection, name: str, options: Mapping[str, Any]) -> types.Stream:
     """Change options (rotation_period, ticker_*, max_retries, event_ttl, ticker_paused)."""
-    return await db.fetch_one(conn, "stream_set_config", {"name": name, "options": dict(options)},
+    return await db.fetch_row(conn, "stream_set_config", {"name": name, "options": dict(options)},
                               row=types.Stream)
 
 
@@ -71,14 +71,14 @@ async def receive(conn: Connection, name: str, consumer: str, max_events: int = 
 
 async def batch_read_all(conn: Connection, batch_id: int) -> bool | None:
     """Whether ``receive`` has handed out the batch's last event (None: not read that way)."""
-    return await db.fetch_value(conn, "stream_batch_read_all", {"batch_id": batch_id})
+    return await db.fetch_optional(conn, "stream_batch_read_all", {"batch_id": batch_id}, bool)
 
 
 async def next_batch(conn: Connection, name: str, consumer: str, *, min_lag: dt.timedelta | None = None,
                      min_count: int | None = None, min_interval: dt.timedelta | None = None) -> int | None:
-    return await db.fetch_value(conn, "stream_next_batch", {
+    return await db.fetch_optional(conn, "stream_next_batch", {
         "name": name, "consumer": consumer, "min_lag": min_lag, "min_count": min_count,
-        "min_interval": min_interval})
+        "min_interval": min_interval}, int)
 
 
 async def batch_events(conn: Connection, batch_id: int) -> list[types.StreamEvent]:
@@ -93,8 +93,8 @@ async def nack(conn: Connection, batch_id: int, event_id: int, retry_after: dt.t
                reason: str | None = None) -> str:
     """Retry the event later for this consumer, or dead-letter it past max_retries:
     returns "retry" or "dead"."""
-    return await db.fetch_value(conn, "stream_nack", {"batch_id": batch_id, "event_id": event_id,
-                                                      "retry_after": retry_after, "reason": reason})
+    return await db.fetch_scalar(conn, "stream_nack", {"batch_id": batch_id, "event_id": event_id,
+                                                       "retry_after": retry_after, "reason": reason}, str)
 
 
 async def dead_letter(conn: Connection, batch_id: int, event_id: int, reason: str | None = None) -> None:
@@ -124,7 +124,7 @@ async def replay_dead_letter(conn: Connection, dead_letter_id: int, stream: str 
 
 async def stream_of_batch(conn: Connection, batch_id: int) -> str | None:
     """The stream an open batch belongs to, None if no consumer holds it."""
-    return await db.fetch_value(conn, "stream_of_batch", {"batch_id": batch_id})
+    return await db.fetch_optional(conn, "stream_of_batch", {"batch_id": batch_id}, str)
 
 
 async def replay_dead_letters(conn: Connection, name: str) -> int:

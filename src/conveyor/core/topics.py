@@ -36,7 +36,7 @@ async def create(conn: Connection, name: str, attributes: Mapping[str, Any] | No
                  tags: Mapping[str, str] | None = None) -> types.Topic:
     """Create a topic, or return it if it exists (given attributes and tags are merged in,
     as SNS's CreateTopic does for an existing topic with equal attributes)."""
-    return await db.fetch_one(conn, "topic_create", {"name": name, "attributes": dict(attributes or {}),
+    return await db.fetch_row(conn, "topic_create", {"name": name, "attributes": dict(attributes or {}),
                                                      "tags": dict(tags or {})}, row=types.Topic)
 
 
@@ -47,7 +47,7 @@ async def delete(conn: Connection, name: str) -> bool:
 
 async def get(conn: Connection, name: str) -> types.Topic:
     """A topic; raises errors.TopicNotFound."""
-    return await db.fetch_one(conn, "topic_get", {"name": name}, row=types.Topic)
+    return await db.fetch_row(conn, "topic_get", {"name": name}, row=types.Topic)
 
 
 async def list_all(conn: Connection, prefix: str | None = None, after: str | None = None,
@@ -60,17 +60,17 @@ async def list_all(conn: Connection, prefix: str | None = None, after: str | Non
 
 async def set_attributes(conn: Connection, name: str, attributes: Mapping[str, Any]) -> types.Topic:
     """Merge attributes into the topic's (a None value removes one)."""
-    return await db.fetch_one(conn, "topic_set_attributes", {"name": name, "attributes": dict(attributes)},
+    return await db.fetch_row(conn, "topic_set_attributes", {"name": name, "attributes": dict(attributes)},
                               row=types.Topic)
 
 
 async def tag(conn: Connection, name: str, tags: Mapping[str, str | None]) -> dict[str, str]:
     """Add or change tags (a None value removes the tag); returns all tags."""
-    return await db.fetch_value(conn, "topic_tag", {"name": name, "tags": dict(tags)})
+    return await db.fetch_scalar(conn, "topic_tag", {"name": name, "tags": dict(tags)}, dict)
 
 
 async def untag(conn: Connection, name: str, keys: Sequence[str]) -> dict[str, str]:
-    return await db.fetch_value(conn, "topic_untag", {"name": name, "keys": list(keys)})
+    return await db.fetch_scalar(conn, "topic_untag", {"name": name, "keys": list(keys)}, dict)
 
 
 # -- subscriptions ----------------------------------------------------------------------------
@@ -83,7 +83,7 @@ async def subscribe(conn: Connection, spec: types.NewSubscription) -> types.Subs
     policy = None
     if spec.filter_policy is not None:
         policy = filter_policy.validate(spec.filter_policy, spec.filter_policy_scope)
-    return await db.fetch_one(conn, "subscription_create", {
+    return await db.fetch_row(conn, "subscription_create", {
         "pattern": spec.pattern,
         "protocol": spec.protocol,
         "queue": spec.queue,
@@ -103,7 +103,7 @@ async def unsubscribe(conn: Connection, ref: SubscriptionRef) -> bool:
 
 async def subscription_get(conn: Connection, ref: SubscriptionRef) -> types.Subscription:
     """A subscription by uuid or id; raises errors.SubscriptionNotFound."""
-    return await db.fetch_one(conn, "subscription_get", {"ref": _ref(ref)}, row=types.Subscription)
+    return await db.fetch_row(conn, "subscription_get", {"ref": _ref(ref)}, row=types.Subscription)
 
 
 async def subscription_set_attributes(conn: Connection, ref: SubscriptionRef,
@@ -117,7 +117,7 @@ async def subscription_set_attributes(conn: Connection, ref: SubscriptionRef,
     if "filter_policy" in changes or "filter_policy_scope" in changes:
         current = await subscription_get(conn, ref)
         scope = changes.get("filter_policy_scope", current.filter_policy_scope)
-        policy = changes["filter_policy"] if "filter_policy" in changes else current.filter_policy
+        policy = changes.get("filter_policy", current.filter_policy)
         if policy in (None, "", {}):
             policy = None
         elif scope not in types.FILTER_POLICY_SCOPES:
@@ -127,7 +127,7 @@ async def subscription_set_attributes(conn: Connection, ref: SubscriptionRef,
             policy = filter_policy.validate(policy, scope)
         if "filter_policy" in changes:
             changes["filter_policy"] = policy
-    return await db.fetch_one(conn, "subscription_set_attributes", {"ref": _ref(ref), "changes": changes},
+    return await db.fetch_row(conn, "subscription_set_attributes", {"ref": _ref(ref), "changes": changes},
                               row=types.Subscription)
 
 
@@ -154,7 +154,7 @@ def _ref(ref: SubscriptionRef) -> str:
 
 def timestamp(now: dt.datetime | None = None) -> str:
     """SNS's Timestamp: ISO 8601 UTC with milliseconds and a Z."""
-    now = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
+    now = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
     return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
 
 
@@ -232,6 +232,8 @@ async def publish(conn: Connection, routing_key: str, publication: types.Publica
         raise errors.InvalidInput("message bodies cannot contain NUL characters (U+0000)")
     message = publish_message(routing_key, publication, signer=signer, urls=urls)
     row = await db.fetch_one(conn, "topic_publish", {"routing_key": routing_key, "message": message})
+    if row is None:
+        raise errors.InternalError("topic_publish returned no row")
     queues, endpoints, sequence_number = row
     return types.Published(message_id=UUID(message["message_id"]), timestamp=message["timestamp"],
                            queues=tuple(queues or ()), endpoints=int(endpoints), sequence_number=sequence_number)
@@ -274,14 +276,14 @@ async def delivery_failed(conn: Connection, delivery_id: int, error: str) -> typ
     """An attempt failed: count it and schedule the next one after 10 s, 30 s, 60 s, then
     300 s; a row that used its last attempt stays (``state`` 'exhausted') with the error.
     Raises errors.DeliveryNotFound if the row is gone."""
-    return await db.fetch_one(conn, "delivery_failed", {"id": delivery_id, "error": error},
+    return await db.fetch_row(conn, "delivery_failed", {"id": delivery_id, "error": error},
                               row=types.Delivery)
 
 
 async def delivery_hold(conn: Connection, delivery_id: int, reason: str) -> types.Delivery:
     """Hold a delivery that must not be attempted (e.g. its destination is not allowed):
     kept with the reason, never claimed again until released."""
-    return await db.fetch_one(conn, "delivery_hold", {"id": delivery_id, "reason": reason},
+    return await db.fetch_row(conn, "delivery_hold", {"id": delivery_id, "reason": reason},
                               row=types.Delivery)
 
 
@@ -304,4 +306,4 @@ async def delivery_list(conn: Connection, state: str | None = None, subscription
 
 async def deliveries_stats(conn: Connection) -> types.DeliveryStats:
     """Counts of the outbox by state, for metrics and status."""
-    return await db.fetch_one(conn, "delivery_stats", row=types.DeliveryStats)
+    return await db.fetch_row(conn, "delivery_stats", None, row=types.DeliveryStats)

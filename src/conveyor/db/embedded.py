@@ -251,7 +251,7 @@ def _pick_free_port() -> int:
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((HOST, 0))
-        return probe.getsockname()[1]
+        return int(probe.getsockname()[1])
 
 
 def _conf_value(value: object) -> str:
@@ -531,6 +531,7 @@ class EmbeddedPostgres:
         os.chmod(self.pgdata, 0o700)  # initdb insists on 0700/0750, whatever the umask
         self._give_to_run_user(self.pgdata)
         pwfile = self.data_dir / ".initdb-pwfile"
+        assert self._password is not None  # set by _prepare_data_dir before the first start
         _write_private(pwfile, self._password + "\n", owner=self._run_as)
         try:
             failures = []
@@ -617,7 +618,7 @@ class EmbeddedPostgres:
             # but cannot list the directory or read credentials.
             os.chown(self.data_dir, -1, self._run_as.gid)
             os.chmod(self.data_dir, 0o710)
-            self._check_traversable()
+            self._check_traversable(self._run_as)
         if len(os.fsencode(self.socket_dir)) > MAX_SOCKET_DIR_BYTES:
             raise EmbeddedError(
                 f"the data directory path {self.data_dir} is too long for a unix socket "
@@ -626,9 +627,8 @@ class EmbeddedPostgres:
             )
         self._password = self._read_password() or self._create_password()
 
-    def _check_traversable(self) -> None:
+    def _check_traversable(self, user: _RunUser) -> None:
         """As root, fail clearly if the run user cannot reach data_dir (e.g. under /root)."""
-        user = self._run_as
         for directory in [self.data_dir, *self.data_dir.parents]:
             info = directory.stat()
             if info.st_uid == user.uid:

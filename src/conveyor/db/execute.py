@@ -8,10 +8,9 @@ by SQLSTATE. Nothing above this module sees a psycopg exception.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import psycopg
 import psycopg_pool
@@ -43,7 +42,7 @@ def translate(exc: BaseException) -> errors.ConveyorError:
         if cls is not None:
             primary = exc.diag.message_primary if exc.diag else None
             return cls(primary or str(exc))
-        if state and state.startswith(_UNAVAILABLE_CLASSES) or isinstance(exc, psycopg.OperationalError):
+        if (state and state.startswith(_UNAVAILABLE_CLASSES)) or isinstance(exc, psycopg.OperationalError):
             return errors.Unavailable("the database is unavailable")
         if isinstance(exc, psycopg.DataError) and state is None:
             # raised while dumping parameters, e.g. a NUL character in text
@@ -75,8 +74,19 @@ def _params(params: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: _adapt(v) for k, v in (params or {}).items()}
 
 
-@functools.cache
-def _row_maker(cls: type, columns: tuple[str, ...]) -> Any:
+def _row_maker(cls: type[Any], columns: tuple[str, ...]) -> Any:
+    """How to build ``cls`` from a row of these columns (remembered per class and columns)."""
+    key = (cls, columns)
+    maker = _ROW_MAKERS.get(key)
+    if maker is None:
+        maker = _ROW_MAKERS[key] = _new_row_maker(cls, columns)
+    return maker
+
+
+_ROW_MAKERS: dict[tuple[type[Any], tuple[str, ...]], Any] = {}
+
+
+def _new_row_maker(cls: type[Any], columns: tuple[str, ...]) -> Any:
     fields = tuple(types.field_names(cls))
     if columns == fields:  # the common case: the query selects the fields, in order
         return lambda values: cls(*values)
@@ -93,15 +103,22 @@ def dataclass_row(cls: type[T]) -> Any:
         # the column names straight from the result: building ``cursor.description`` (a
         # Column object per column) costs more than the query's other Python work
         res = cursor.pgresult
+        row_type: type[Any] = cls
         if res is None or not res.nfields:
-            return None if cursor.description is None else _row_maker(cls, ())
-        return _row_maker(cls, tuple(res.fname(i).decode() for i in range(res.nfields)))
+            return None if cursor.description is None else _row_maker(row_type, ())
+        return _row_maker(row_type, tuple(res.fname(i).decode() for i in range(res.nfields)))
 
     return factory
 
 
-async def fetch_all(conn: Connection, name: str, params: Mapping[str, Any] | None = None,
-                    row: type[T] | None = None) -> list[Any]:
+@overload
+async def fetch_all(conn: Connection, name: str, params: Mapping[str, Any] | None = None, *,
+                    row: None = None) -> list[tuple[Any, ...]]: ...
+@overload
+async def fetch_all(conn: Connection, name: str, params: Mapping[str, Any] | None = None, *,
+                    row: type[T]) -> list[T]: ...
+async def fetch_all(conn: Connection, name: str, params: Mapping[str, Any] | None = None, *,
+                    row: type[T] | None = None) -> list[T] | list[tuple[Any, ...]]:
     """Run the named query and return all rows (as ``row`` instances if given)."""
     with translated():
         factory = dataclass_row(row) if row is not None else psycopg.rows.tuple_row
@@ -110,16 +127,56 @@ async def fetch_all(conn: Connection, name: str, params: Mapping[str, Any] | Non
             return await cur.fetchall()
 
 
-async def fetch_one(conn: Connection, name: str, params: Mapping[str, Any] | None = None,
-                    row: type[T] | None = None) -> Any:
-    rows = await fetch_all(conn, name, params, row)
+@overload
+async def fetch_one(conn: Connection, name: str, params: Mapping[str, Any] | None = None, *,
+                    row: None = None) -> tuple[Any, ...] | None: ...
+@overload
+async def fetch_one(conn: Connection, name: str, params: Mapping[str, Any] | None = None, *,
+                    row: type[T]) -> T | None: ...
+async def fetch_one(conn: Connection, name: str, params: Mapping[str, Any] | None = None, *,
+                    row: type[T] | None = None) -> T | tuple[Any, ...] | None:
+    """The first row, None if there is none."""
+    rows = await fetch_all(conn, name, params, row=row)
     return rows[0] if rows else None
 
 
+async def fetch_row(conn: Connection, name: str, params: Mapping[str, Any] | None, row: type[T]) -> T:
+    """The row of a query that always returns one (an SQL function that returns a row or
+    raises); none at all is a bug, reported as ``InternalError``."""
+    found = await fetch_one(conn, name, params, row=row)
+    if found is None:
+        raise _no_row(name)
+    return found
+
+
 async def fetch_value(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> Any:
-    """The first column of the first row (None if there is no row)."""
+    """The first column of the first row (None if there is no row), untyped."""
     rows = await fetch_all(conn, name, params)
     return rows[0][0] if rows else None
+
+
+async def fetch_scalar(conn: Connection, name: str, params: Mapping[str, Any] | None, kind: type[T]) -> T:
+    """The first column of the first row, which must be a ``kind`` (else ``InternalError``:
+    the SQL API returned something this code does not expect)."""
+    value = await fetch_value(conn, name, params)
+    if not isinstance(value, kind):
+        raise _no_row(name) if value is None else errors.InternalError(
+            f"query {name} returned a {type(value).__name__}, not a {kind.__name__}")
+    return value
+
+
+async def fetch_optional(conn: Connection, name: str, params: Mapping[str, Any] | None,
+                         kind: type[T]) -> T | None:
+    """As ``fetch_scalar``, None allowed."""
+    value = await fetch_value(conn, name, params)
+    if value is not None and not isinstance(value, kind):
+        raise errors.InternalError(f"query {name} returned a {type(value).__name__}, not a {kind.__name__}")
+    return value
+
+
+def _no_row(name: str) -> errors.InternalError:
+    log.error("query %s returned no row", name)
+    return errors.InternalError(f"query {name} returned no row")
 
 
 async def fetch_column(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import psycopg
 import psycopg_pool
 
+from conveyor import errors
 from conveyor.db import execute
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,12 @@ class Database:
     """
 
     def __init__(self, dsn: str, *, min_size: int = 2, max_size: int = 10, timeout: float = 10.0,
-                 max_waiting: int = 0, application_name: str = "conveyor") -> None:
+                 max_waiting: int = 0, application_name: str = "conveyor",
+                 on_throttled: Callable[[], None] | None = None) -> None:
         """``max_waiting``: requests that may wait for a connection at once (0: any number);
-        beyond it a request fails at once with ``errors.Throttled``."""
+        beyond it a request fails at once with ``errors.Throttled`` (and ``on_throttled`` is
+        called, for the metrics)."""
+        self._on_throttled = on_throttled
         self.dsn = dsn
         self._pool = psycopg_pool.AsyncConnectionPool(
             dsn,
@@ -65,6 +69,8 @@ class Database:
         except Exception as exc:
             if isinstance(exc.__cause__, (psycopg.OperationalError, psycopg_pool.PoolTimeout)):
                 self._check_soon()
+            if isinstance(exc, errors.Throttled) and self._on_throttled is not None:
+                self._on_throttled()
             raise
 
     async def ping(self, timeout: float) -> None:

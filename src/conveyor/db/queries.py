@@ -18,7 +18,7 @@ def parse(text: str) -> dict[str, str]:
     """Split one queries file into {name: sql}."""
     parts = _NAME.split(text)
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
+    for name, body in zip(parts[1::2], parts[2::2], strict=False):
         if name in queries:
             raise ValueError(f"query {name!r} is defined twice")
         queries[name] = body.strip()

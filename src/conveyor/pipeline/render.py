@@ -12,9 +12,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from conveyor.pipeline.report import Report, SourceFigures  # noqa: E402
+from conveyor.pipeline.report import Report, SourceFigures
 
 
 def _label(s: SourceFigures) -> str:

@@ -135,7 +135,7 @@ _STREAM_SCHEMA = "stream string, created_at timestamp, archived_at timestamp, re
 def _latency(values: Sequence[float] | None) -> dict[str, float]:
     if not values:
         return {}
-    return {f"p{round(p * 100)}": round(float(v), 3) for p, v in zip(PERCENTILES, values)}
+    return {f"p{round(p * 100)}": round(float(v), 3) for p, v in zip(PERCENTILES, values, strict=False)}
 
 
 def _rate(part: int | None, whole: int) -> float | None:

@@ -87,8 +87,10 @@ class Verifier:
         if alg not in self._algorithms:
             raise errors.Unauthorized(f"JWT algorithm {alg!r} is not accepted (accepted: "
                                       f"{', '.join(self._algorithms)})")
+        key = self._keys[alg]
+        assert key is not None  # checked in __init__ for every accepted algorithm
         try:
-            claims = jwt.decode(token, self._keys[alg], algorithms=[alg], audience=self.config.audience,
+            claims = jwt.decode(token, key, algorithms=[alg], audience=self.config.audience,
                                 issuer=self.config.issuer, leeway=self.config.leeway,
                                 options={"require": ["exp"], "verify_aud": self.config.audience is not None})
         except jwt.ExpiredSignatureError:

@@ -24,8 +24,8 @@ from conveyor.protocols import auth, jwt_tokens
 from conveyor.protocols.aws import gateway as aws_gateway
 from conveyor.protocols.aws import service as aws_service
 from conveyor.protocols.rest import render
-from conveyor.protocols.sns import certificate as sns_certificate
 from conveyor.protocols.rest import routes as rest
+from conveyor.protocols.sns import certificate as sns_certificate
 from conveyor.server import health, middleware, scheduler, webhooks, workers
 from conveyor.server.broker import ServerBroker
 from conveyor.server.metrics import Metrics
@@ -114,9 +114,10 @@ def _jwt_config(settings: Settings) -> jwt_tokens.JwtConfig | None:
 
 
 def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> App:
-    database = Database(dsn, min_size=settings.pool_min, max_size=settings.pool_max,
-                        max_waiting=settings.pool_max_waiting)
     metrics = Metrics()
+    database = Database(dsn, min_size=settings.pool_min, max_size=settings.pool_max,
+                        max_waiting=settings.pool_max_waiting,
+                        on_throttled=lambda: metrics.series(metrics.admission_refused, "pool").inc())
     metrics.watch_pool(database.stats)
     broker = ServerBroker(settings, database, metrics)
     supervisor = Supervisor(metrics)

@@ -16,10 +16,8 @@ from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
 from conveyor.server.fusion import Fuser
 from conveyor.server.metrics import Metrics
-
 from conveyor.server.waiters import WaiterHub, stream_key
 from conveyor.settings import Settings
-
 
 log = logging.getLogger(__name__)
 

@@ -132,7 +132,7 @@ class Fuser(Generic[K, Req, Res]):
             else:
                 await asyncio.gather(*(self._run(key, [p]) for p in batch))
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - handed to every waiting caller, who reports it
             for p in batch:
                 _fail(p, exc)
             return

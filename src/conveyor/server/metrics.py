@@ -4,11 +4,11 @@ per app so that several apps in one process (tests) do not collide."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from conveyor import types
 
@@ -27,7 +27,7 @@ class _PoolCollector:
     def __init__(self, stats: Callable[[], object]) -> None:
         self._stats = stats
 
-    def collect(self):  # noqa: ANN201 - prometheus collector protocol
+    def collect(self) -> Iterator[Metric]:  # the prometheus_client collector protocol
         s = self._stats()
         for name, doc, value in (("db_pool_size", "Database connections (idle + active)", s.size),
                                  ("db_pool_idle", "Idle database connections", s.idle),

@@ -109,7 +109,8 @@ class Admission:
     """Admission control at the edge: beyond ``gate.limit`` requests in progress (long
     polls included), a request is refused at once by ``refuse``, in its protocol's terms
     (SQS RequestThrottled, SNS Throttled, REST 503 with Retry-After), and counted in
-    ``conveyor_admission_refused_total{stage="requests"}``. Health and metrics always pass."""
+    ``conveyor_admission_refused_total{stage="requests"}`` (fusion and the pool count
+    theirs as ``fusion`` and ``pool``). Health and metrics always pass."""
 
     def __init__(self, app: ASGIApp, gate: Gate, refuse: Refuse, metrics: Metrics) -> None:
         self.app = app

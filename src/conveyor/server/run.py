@@ -14,6 +14,7 @@ rather than a server running short-handed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import os
@@ -40,10 +41,8 @@ class _Server(uvicorn.Server):
         self._on_exit = on_exit
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().call_soon_threadsafe(self._on_exit)
-        except RuntimeError:
-            pass
         super().handle_exit(sig, frame)
 
 
@@ -91,10 +90,8 @@ def serve(settings: Settings, dsn: str) -> bool:
 
 def _die_with_parent() -> None:
     """Have the kernel stop this worker if the parent goes away, even by SIGKILL (Linux)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _worker(settings: Settings, dsn: str, sock: socket.socket) -> int:
@@ -103,7 +100,7 @@ def _worker(settings: Settings, dsn: str, sock: socket.socket) -> int:
     _die_with_parent()
     try:
         return 0 if _serve_one(settings, dsn, sock) else 3
-    except BaseException:  # noqa: BLE001 - reported, and the parent stops the others
+    except BaseException:
         log.exception("worker %d failed", os.getpid())
         return 1
 
@@ -117,10 +114,8 @@ def _serve_workers(settings: Settings, dsn: str) -> bool:
 
     def stop_all(sig: int = signal.SIGTERM) -> None:
         for pid in children:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
 
     def on_signal(sig: int, _frame: FrameType | None) -> None:
         nonlocal stopping

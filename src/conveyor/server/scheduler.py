@@ -28,7 +28,7 @@ from conveyor.settings import Settings
 
 log = logging.getLogger(__name__)
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Config:
     urls: types.TopicUrls = field(default_factory=types.TopicUrls)
     # the server's SNS signer (None: unsigned envelopes)
     signer: Callable[[], Awaitable[signing.Signer | None]] | None = None
-    clock: Callable[[], dt.datetime] = functools.partial(dt.datetime.now, UTC)
+    clock: Callable[[], dt.datetime] = field(default=functools.partial(dt.datetime.now, UTC))
 
 
 def config_from(settings: Settings, urls: types.TopicUrls,

@@ -56,7 +56,7 @@ class Supervisor:
             except asyncio.CancelledError:
                 self._set(name, state, running=False)
                 raise
-            except Exception as exc:  # noqa: BLE001 - that is the point: log it, restart
+            except Exception as exc:
                 state.last_error = f"{type(exc).__name__}: {exc}"
                 log.exception("background worker %s failed; starting it again in %.0f s", name, backoff)
             self._set(name, state, running=False)

@@ -60,7 +60,7 @@ async def stream_ticker(dsn: str, *, tick_interval: float, maint_interval: float
     while True:
         try:
             async with pool.connect(dsn) as conn:
-                while not await streams.take_ticker_lock(conn):
+                while not await streams.take_ticker_lock(conn):  # noqa: ASYNC110 - the lock is in PostgreSQL
                     await asyncio.sleep(retry_interval)
                 log.info("this process runs the stream ticker")
                 await _tick_forever(conn, tick_interval, maint_interval, vacuum_interval)

@@ -20,9 +20,9 @@ def _attributes(value: Any) -> list[tuple[str, str]] | None:
 
 def to_batch(fields: Sequence[schemas.Field], name: str, rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
     """``rows`` hold every field but the first (the queue or stream name, ``name``)."""
-    columns = list(zip(*rows)) if rows else [() for _ in fields[1:]]
+    columns = list(zip(*rows, strict=False)) if rows else [() for _ in fields[1:]]
     arrays = [pa.array([name] * len(rows), pa.string())]
-    for field, values in zip(fields[1:], columns):
+    for field, values in zip(fields[1:], columns, strict=False):
         if field.name == "attributes":
             values = [_attributes(v) for v in values]
         arrays.append(pa.array(values, type=field.arrow))

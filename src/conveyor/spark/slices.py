@@ -8,6 +8,7 @@ Slices are planned on the driver and read on executors, each with its own connec
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -43,7 +44,7 @@ def split(low: int | None, high: int | None, n: int) -> list[tuple[int | None, i
     n = max(1, min(n, high - low + 1))
     step = math.ceil((high - low + 1) / n)
     edges: list[int | None] = [None, *(low + i * step for i in range(1, n)), None]
-    return list(zip(edges[:-1], edges[1:]))
+    return list(itertools.pairwise(edges))
 
 
 def _slices(query: str, name: str, params: Mapping[str, Any], low: int | None, high: int | None,

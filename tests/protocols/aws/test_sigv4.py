@@ -14,11 +14,11 @@ from urllib.parse import urlsplit
 
 import boto3
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from botocore.auth import SigV4Auth, SigV4QueryAuth
 from botocore.awsrequest import AWSRequest, AWSResponse
 from botocore.credentials import Credentials
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conveyor.protocols.aws.sigv4 import (
     SIGNATURE_MISMATCH,

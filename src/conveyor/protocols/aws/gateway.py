@@ -68,6 +68,7 @@ def unread(request: Request, kind: str, message: str) -> Response:
     admission control): SNS's when the target header names SNS; otherwise SQS's, since a
     Query request's action is in the body that was not read."""
     sqs_name, sns_name = _UNREAD[kind]
+    error: service.AwsError
     if request.headers.get("x-amz-target", "").startswith("AmazonSNS."):
         target, error = sns.SERVICE, SnsError(sns_name, message)
     else:

@@ -140,7 +140,8 @@ def base_url(endpoint: Endpoint, request: Request) -> str:
 
 def query_string(request: Request) -> str:
     """The raw query string (as ``request.url.query``, without building the URL)."""
-    return request.scope.get("query_string", b"").decode("latin-1")
+    raw: bytes = request.scope.get("query_string", b"")
+    return raw.decode("latin-1")
 
 
 def region(endpoint: Endpoint, scope: sigv4.Scope | None) -> str:

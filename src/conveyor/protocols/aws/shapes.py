@@ -98,7 +98,7 @@ class _Form:
     field: a scan per list entry made a large form cost fields x entries (a 3.5 MB form
     held the event loop for 40 s)."""
 
-    __slots__ = ("fields", "_parents")
+    __slots__ = ("_parents", "fields")
 
     def __init__(self, fields: Mapping[str, str]) -> None:
         self.fields = fields
@@ -145,7 +145,7 @@ def _read(shape: Shape, form: _Form, key: str) -> Any:
 def _list_base(shape: ListOf, key: str) -> str:
     if shape.flattened:
         if shape.member_name:  # the member's name replaces the last part of the key
-            return ".".join(key.split(".")[:-1] + [shape.member_name])
+            return ".".join([*key.split(".")[:-1], shape.member_name])
         return key
     return f"{key}.{shape.member_name or 'member'}"
 

@@ -8,4 +8,5 @@ from conveyor.protocols.broker import Broker
 
 
 def broker(request: Request) -> Broker:
-    return request.app.state.broker
+    found: Broker = request.app.state.broker
+    return found

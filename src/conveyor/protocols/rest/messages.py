@@ -42,8 +42,8 @@ async def send(request: Request) -> Response:
         sent = await broker(request).send(req.queue_name(request), [_outgoing(m, sender) for m in batch])
         return render.json({"ids": [s.id for s in sent]}, 201)
     single = req.validate(models.MessageIn, data)
-    [sent] = await broker(request).send(req.queue_name(request), [_outgoing(single, _sender(request))])
-    return render.json({"id": sent.id}, 201)
+    [one] = await broker(request).send(req.queue_name(request), [_outgoing(single, _sender(request))])
+    return render.json({"id": one.id}, 201)
 
 
 async def receive(request: Request) -> Response:

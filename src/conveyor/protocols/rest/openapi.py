@@ -11,7 +11,7 @@ from conveyor.protocols.rest import models
 
 _REF = "#/components/schemas/{model}"
 _ID = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
-_PATH_PARAMS = {
+_PATH_PARAMS: dict[str, dict[str, Any]] = {
     "id": _ID,
     "batch_id": _ID,
     "consumer": {"type": "string", "pattern": models.CONSUMER_NAME_PATTERN},
@@ -24,7 +24,8 @@ _ARRAY_RESPONSES = {("GET", "/queues"), ("GET", "/queues/{name}/messages"), ("GE
                     ("GET", "/streams/{name}/consumers"), ("GET", "/streams/{name}/dead-letters"),
                     ("GET", "/events/{pattern}/subscriptions"), ("GET", "/queues/{name}/subscriptions")}
 # Bodies and answers that are one object or an array of them (201 {id} or {ids}).
-_ONE_OR_MANY = {models.MessageIn: models.SendBatch, models.EventIn: models.EventBatch}
+_ONE_OR_MANY: dict[type[BaseModel], type[BaseModel]] = {models.MessageIn: models.SendBatch,
+                                                         models.EventIn: models.EventBatch}
 
 # OpenAPI links: what a created queue or message leads to (lets clients and stateful
 # testers chain calls).
@@ -69,7 +70,7 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
 
 def _path_schema(path: str, param: str) -> dict[str, Any]:
     if param != "name":
-        return _PATH_PARAMS[param]
+        return dict(_PATH_PARAMS[param])
     collection = "/" + path.split("/")[1]
     return {"type": "string", "pattern": _NAME_PATTERNS.get(collection, models.QUEUE_NAME_PATTERN)}
 

@@ -59,4 +59,4 @@ def message_id(request: Request) -> int:
 
 
 def queue_name(request: Request) -> str:
-    return request.path_params["name"]
+    return str(request.path_params["name"])

@@ -53,7 +53,7 @@ def _location(name: str) -> dict[str, str]:
 # -- request values --------------------------------------------------------------------
 
 def _name(request: Request) -> str:
-    name = request.path_params["name"]
+    name = str(request.path_params["name"])
     if not _NAME.fullmatch(name):
         raise errors.InvalidInput(f"invalid schedule name {name[:130]!r} in the path: use 1 to 128 characters "
                                   "of A-Z, a-z, 0-9 and _ - . :, not starting with a dot")
@@ -172,7 +172,7 @@ async def run_schedule(request: Request) -> Response:
 async def preview(request: Request) -> Response:
     body = await req.body(request, models.PreviewIn)
     expr = _expression(body)
-    after = dt.datetime.now(dt.timezone.utc) if body.after is None else schedule_expr.parse_instant(
+    after = dt.datetime.now(dt.UTC) if body.after is None else schedule_expr.parse_instant(
         body.after, expr.timezone)
     return render.json({
         "kind": expr.kind, "cron": expr.cron, "timezone": expr.timezone, "fire_at": expr.fire_at,

@@ -83,7 +83,7 @@ def _dead_letter(d: types.StreamDeadLetter) -> dict[str, Any]:
 # -- path values -----------------------------------------------------------------------
 
 def _stream_name(request: Request) -> str:
-    name = request.path_params["name"]
+    name = str(request.path_params["name"])
     if not _STREAM_NAME.fullmatch(name):
         raise errors.InvalidInput(f"invalid stream name {name[:100]!r} in the path: "
                                   "use 1 to 80 characters of A-Z, a-z, 0-9, hyphen and underscore")
@@ -91,7 +91,7 @@ def _stream_name(request: Request) -> str:
 
 
 def _consumer_name(request: Request) -> str:
-    name = request.path_params["consumer"]
+    name = str(request.path_params["consumer"])
     if not _CONSUMER_NAME.fullmatch(name):
         raise errors.InvalidInput(f"invalid consumer name {name[:100]!r} in the path: "
                                   "use 1 to 80 characters of A-Z, a-z, 0-9 and _ . : -")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+
 from conveyor import types
 from conveyor.protocols.sns.context import Context
 from conveyor.protocols.sns.errors import invalid

@@ -13,8 +13,7 @@ from starlette.responses import Response
 
 from conveyor import errors
 from conveyor.protocols.aws import service, wire
-from conveyor.protocols.sqs import message_actions, move_task_actions, permission_actions, queue_actions
-from conveyor.protocols.sqs import tag_actions
+from conveyor.protocols.sqs import message_actions, move_task_actions, permission_actions, queue_actions, tag_actions
 from conveyor.protocols.sqs.context import Context
 from conveyor.protocols.sqs.errors import SqsError, from_conveyor
 from conveyor.protocols.sqs.shapes import INPUT, NAMESPACE, OUTPUT

@@ -71,7 +71,7 @@ def _check_fifo(q: types.Queue, group: str | None, dedup: str | None, delay: int
 
 
 def _sent(message: types.OutgoingMessage, sent: types.Sent, fifo: bool) -> dict[str, Any]:
-    out = {"MessageId": str(sent.message_uuid), "MD5OfMessageBody": ma.md5_of_body(message.body)}
+    out: dict[str, Any] = {"MessageId": str(sent.message_uuid), "MD5OfMessageBody": ma.md5_of_body(message.body)}
     if message.headers:
         out["MD5OfMessageAttributes"] = ma.md5_of_attributes(message.headers)
     if message.system_attributes:
@@ -93,7 +93,8 @@ async def send_message(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     return _sent(message, sent, q.fifo)
 
 
-def _check_entries(entries: Sequence[dict[str, Any]] | None, kind: str) -> None:
+def _check_entries(entries: Sequence[dict[str, Any]] | None, kind: str) -> Sequence[dict[str, Any]]:
+    """A batch's entries, checked as AWS checks them before looking at any one."""
     if not entries:
         raise SqsError("EmptyBatchRequest", f"There should be at least one {kind} in the request.")
     if len(entries) > MAX_BATCH:
@@ -108,6 +109,7 @@ def _check_entries(entries: Sequence[dict[str, Any]] | None, kind: str) -> None:
         if entry_id in seen:
             raise SqsError("BatchEntryIdsNotDistinct", f"Id {entry_id} repeated.")
         seen.add(entry_id)
+    return entries
 
 
 def _failure(entry_id: str, exc: SqsError) -> dict[str, Any]:
@@ -116,8 +118,7 @@ def _failure(entry_id: str, exc: SqsError) -> dict[str, Any]:
 
 async def send_message_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     queue = ctx.queue_from_url(p.get("QueueUrl"))
-    entries = p.get("Entries")
-    _check_entries(entries, "SendMessageBatchRequestEntry")
+    entries = _check_entries(p.get("Entries"), "SendMessageBatchRequestEntry")
     q = await ctx.broker.queue(queue)
     valid, failed, total = [], [], 0
     for entry in entries:
@@ -239,8 +240,7 @@ async def delete_message(ctx: Context, p: dict[str, Any]) -> None:
 
 async def delete_message_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     queue = ctx.queue_from_url(p.get("QueueUrl"))
-    entries = p.get("Entries")
-    _check_entries(entries, "DeleteMessageBatchRequestEntry")
+    entries = _check_entries(p.get("Entries"), "DeleteMessageBatchRequestEntry")
     deliveries, successful, failed = [], [], []
     for entry in entries:
         try:
@@ -258,7 +258,7 @@ def _visibility(value: Any) -> int:
         raise missing("VisibilityTimeout")
     if not 0 <= value <= 43200:
         raise invalid_value("VisibilityTimeout", value, "VisibilityTimeout must be an integer between 0 and 43200")
-    return value
+    return int(value)
 
 
 def _not_in_flight() -> SqsError:
@@ -275,8 +275,7 @@ async def change_message_visibility(ctx: Context, p: dict[str, Any]) -> None:
 
 async def change_message_visibility_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     queue = ctx.queue_from_url(p.get("QueueUrl"))
-    entries = p.get("Entries")
-    _check_entries(entries, "ChangeMessageVisibilityBatchRequestEntry")
+    entries = _check_entries(p.get("Entries"), "ChangeMessageVisibilityBatchRequestEntry")
     by_vt: dict[int, list[tuple[str, types.MessageRef]]] = {}
     failed = []
     for entry in entries:

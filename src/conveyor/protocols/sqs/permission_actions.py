@@ -26,7 +26,8 @@ def _one_or_many(items: list[str]) -> str | list[str]:
 async def _policy(ctx: Context, conn: Any, queue: str) -> dict[str, Any]:
     raw = (await queues.get(conn, queue)).extra_attributes.get("Policy")
     if raw:
-        return json.loads(raw)
+        policy: dict[str, Any] = json.loads(raw)
+        return policy
     return {"Version": "2012-10-17", "Id": f"{ctx.queue_arn(queue)}/SQSDefaultPolicy", "Statement": []}
 
 
@@ -38,9 +39,12 @@ async def _save(conn: Any, queue: str, policy: dict[str, Any]) -> None:
 async def add_permission(ctx: Context, p: dict[str, Any]) -> None:
     queue = ctx.queue_from_url(p.get("QueueUrl"))
     label, accounts, actions = p.get("Label"), p.get("AWSAccountIds"), p.get("Actions")
-    for name, value in (("Label", label), ("AWSAccountId.1", accounts), ("ActionName.1", actions)):
-        if not value:
-            raise missing(name)
+    if not label:
+        raise missing("Label")
+    if not accounts:
+        raise missing("AWSAccountId.1")
+    if not actions:
+        raise missing("ActionName.1")
     if not _LABEL.match(label):
         raise invalid_value("Label", label, "Label can contain up to 80 alphanumeric characters, hyphens and "
                             "underscores")

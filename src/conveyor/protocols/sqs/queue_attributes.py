@@ -27,7 +27,7 @@ KEPT = ("Policy", "RedriveAllowPolicy", "KmsMasterKeyId", "KmsDataKeyReusePeriod
 FIFO_ONLY = ("FifoQueue", "ContentBasedDeduplication", "DeduplicationScope", "FifoThroughputLimit")
 COUNTS = ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
           "ApproximateNumberOfMessagesDelayed")
-READ_ONLY = COUNTS + ("CreatedTimestamp", "LastModifiedTimestamp", "QueueArn")
+READ_ONLY = (*COUNTS, "CreatedTimestamp", "LastModifiedTimestamp", "QueueArn")
 SETTABLE = tuple(INTEGERS) + KEPT + ("RedrivePolicy", "FifoQueue", "ContentBasedDeduplication")
 ALL = SETTABLE + READ_ONLY
 CHOICES = {

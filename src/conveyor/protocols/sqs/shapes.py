@@ -13,6 +13,7 @@ from conveyor.protocols.aws.shapes import (
     ListOf,
     MapOf,
     Member,
+    Shape,
     Struct,
 )
 
@@ -40,7 +41,7 @@ def _entries(member_name: str, entry: Struct) -> ListOf:
     return ListOf(entry, member_name=member_name, flattened=True)
 
 
-SEND_ENTRY_FIELDS = {
+SEND_ENTRY_FIELDS: dict[str, Member | Shape] = {
     "MessageBody": STRING,
     "DelaySeconds": INTEGER,
     "MessageAttributes": Member(MESSAGE_ATTRIBUTE_MAP, "MessageAttribute"),
@@ -74,7 +75,7 @@ MOVE_TASK = Struct({
     "StartedTimestamp": LONG,
 })
 
-QUEUE_URL = {"QueueUrl": STRING}
+QUEUE_URL: dict[str, Member | Shape] = {"QueueUrl": STRING}
 
 INPUT: dict[str, Struct] = {
     "CreateQueue": Struct({"QueueName": STRING, "Attributes": Member(ATTRIBUTE_MAP, "Attribute"),
