@@ -66,3 +66,25 @@ def test_the_stream_ticker_survives_an_unexpected_error(dsn, monkeypatch):
         assert ready["workers"]["stream-ticker"]["restarts"] == 1
         assert ready["workers"]["stream-ticker"]["last_error"] == "RuntimeError: a bug in the ticker"
         assert 'conveyor_worker_restarts_total{worker="stream-ticker"} 1.0' in c.get("/metrics").text
+
+
+async def test_stop_ends_a_worker_that_lost_its_cancellation(monkeypatch):
+    """Python 3.11's wait_for can drop a cancellation that races its result; stop() must
+    not then wait for ever (the server's shutdown hung on this)."""
+    monkeypatch.setattr("conveyor.server.supervisor.STOP_RETRY_SECONDS", 0.05)
+    supervisor = Supervisor(Metrics())
+    swallowed = []
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)  # the first cancellation is lost
+
+    supervisor.start("stubborn", stubborn)
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(supervisor.stop(), 5)
+    assert swallowed == [True]

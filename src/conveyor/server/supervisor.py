@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 30.0
 HEALTHY_AFTER = 60.0  # seconds of running that reset the backoff
+STOP_RETRY_SECONDS = 1.0  # stop(): how long a cancelled worker has before it is cancelled again
 
 
 @dataclass(slots=True)
@@ -79,7 +80,16 @@ class Supervisor:
                 for name, s in sorted(self.states.items())}
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        """Cancel every worker and wait until all have ended. A cancellation can be lost
+        (Python 3.11's ``asyncio.wait_for`` drops one that races the awaited result, and a
+        library may swallow one), so workers still running are cancelled again."""
+        pending = {t for t in self._tasks if not t.done()}
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=STOP_RETRY_SECONDS)
+            for task in pending:
+                log.warning("background worker %s is still running after a cancellation; cancelling it again",
+                            task.get_name())
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
