@@ -12,6 +12,7 @@ import uuid
 
 import botocore.exceptions
 import httpx
+import psycopg
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -194,9 +195,39 @@ def test_fifo_topic_to_fifo_queue(sns, sqs, make_queue):
     assert [m["Body"] for m in receive_all(sqs, url, 2, timeout=1.0)] == ["three"]
     # a FIFO queue does not take a standard topic's messages
     standard = sns.create_topic(Name=unique())["TopicArn"]
-    _fails(lambda: sns.subscribe(TopicArn=standard, Protocol="sqs", Endpoint=queue_arn), "InvalidParameter")
+    _fails(lambda: sns.subscribe(TopicArn=standard, Protocol="sqs", Endpoint=queue_arn), "InvalidParameter",
+           message="Invalid parameter: Invalid parameter: Endpoint Reason: FIFO SQS Queues can not be subscribed "
+                   "to standard SNS topics")  # SNS's words, doubled prefix included
+    # the other way round is allowed: a FIFO topic delivers to a standard queue
+    standard_url, standard_queue = make_queue()
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=standard_queue, Attributes={"RawMessageDelivery": "true"})
+    sns.publish(TopicArn=topic, Message="four", MessageGroupId="g")
+    [to_standard] = receive_all(sqs, standard_url, 1)
+    assert to_standard["Body"] == "four" and to_standard["Attributes"]["MessageGroupId"] == "g"
     _fails(lambda: sns.publish(TopicArn=standard, Message="x", MessageDeduplicationId="d"), "InvalidParameter")
-    _fails(lambda: sns.publish(TopicArn=standard, Message="x", MessageGroupId="g"), "InvalidParameter")
+
+
+def test_message_group_id_on_a_standard_topic(sns, sqs, make_topic, make_queue, endpoint):
+    """A standard topic takes a MessageGroupId (Publish and PublishBatch): its standard SQS
+    subscriptions keep it on the queue message (SQS fair queues: the MessageGroupId
+    system attribute on receive), envelope or raw; an HTTP delivery has no place for it."""
+    topic = make_topic()
+    url_env, _ = _subscribe_queue(sns, make_queue, topic)
+    url_raw, _ = _subscribe_queue(sns, make_queue, topic, RawMessageDelivery="true")
+    sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+    assert "SequenceNumber" not in sns.publish(TopicArn=topic, Message="one", MessageGroupId="tenant-1")
+    result = sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=[
+        {"Id": "a", "Message": "two", "MessageGroupId": "tenant-2"}, {"Id": "b", "Message": "three"}])
+    assert len(result["Successful"]) == 2 and not result["Failed"]
+    for url in (url_env, url_raw):
+        got = receive_all(sqs, url, 3)
+        groups = {(json.loads(m["Body"])["Message"] if url == url_env else m["Body"]):
+                  m["Attributes"].get("MessageGroupId") for m in got}
+        assert groups == {"one": "tenant-1", "two": "tenant-2", "three": None}
+    posted = endpoint.wait_for(3)
+    assert {json.loads(r.body)["Message"] for r in posted} == {"one", "two", "three"}
+    assert not any("tenant" in r.body or "tenant" in json.dumps(r.headers) for r in posted)
+    _fails(lambda: sns.publish(TopicArn=topic, Message="x", MessageGroupId="bad group\n"), "InvalidParameter")
 
 
 def test_publish_batch(sns, sqs, make_topic, make_queue):
@@ -231,6 +262,35 @@ def test_publish_batch(sns, sqs, make_topic, make_queue):
            "NotFound", 404)
 
 
+def test_publish_batch_fifo_errors_fail_the_whole_request(sns, sqs, make_queue):
+    """What SNS answers for the whole PublishBatch (400, nothing published) rather than per
+    entry: FIFO entries without MessageGroupId, or without MessageDeduplicationId on a topic
+    without content-based deduplication; an unreadable MessageStructure=json entry."""
+    topic = sns.create_topic(Name=unique() + ".fifo", Attributes={"FifoTopic": "true"})["TopicArn"]
+    url, queue_arn = make_queue(".fifo", FifoQueue="true")
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"})
+    good = {"Id": "good", "Message": "fine", "MessageGroupId": "g", "MessageDeduplicationId": "d1"}
+
+    def batch(*entries):
+        return lambda: sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=[good, *entries])
+
+    _fails(batch({"Id": "nogroup", "Message": "m", "MessageDeduplicationId": "d2"}), "InvalidParameter",
+           message="Invalid parameter: The MessageGroupId parameter is required for FIFO topics")
+    _fails(batch({"Id": "nodedup", "Message": "m", "MessageGroupId": "g"}), "InvalidParameter",
+           message="Invalid parameter: The topic should either have ContentBasedDeduplication enabled or "
+                   "MessageDeduplicationId provided explicitly")
+    _fails(batch({"Id": "nodefault", "Message": '{"sqs": "x"}', "MessageStructure": "json",
+                  "MessageGroupId": "g", "MessageDeduplicationId": "d3"}), "InvalidParameter",
+           message="Invalid parameter: Message Structure - No default entry in JSON message body")
+    assert receive_all(sqs, url, 1, timeout=1.0) == []  # not even the good entry went out
+    # with content-based deduplication, entries without an id are fine
+    sns.set_topic_attributes(TopicArn=topic, AttributeName="ContentBasedDeduplication", AttributeValue="true")
+    result = sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=[
+        good, {"Id": "cbd", "Message": "by content", "MessageGroupId": "g"}])
+    assert sorted(e["Id"] for e in result["Successful"]) == ["cbd", "good"] and not result["Failed"]
+    assert [m["Body"] for m in receive_all(sqs, url, 2)] == ["fine", "by content"]
+
+
 def test_publish_errors_and_target_arn(sns, sqs, make_topic, make_queue):
     topic = make_topic()
     url, _ = _subscribe_queue(sns, make_queue, topic, RawMessageDelivery="true")
@@ -254,7 +314,7 @@ def test_publish_errors_and_target_arn(sns, sqs, make_topic, make_queue):
     _fails(lambda: sns.publish(TopicArn=topic, Message="x", MessageAttributes={
         "AWS.reserved": {"DataType": "String", "StringValue": "v"}}), "ParameterValueInvalid")
     _fails(lambda: sns.publish(TopicArn=topic, Message="x", MessageAttributes={
-        "a": {"DataType": "String.Array", "StringValue": "not an array"}}), "ParameterValueInvalid")
+        "a": {"DataType": "String.Array", "StringValue": '[{"nested": "object"}]'}}), "ParameterValueInvalid")
     _fails(lambda: sns.publish(TopicArn=topic, Message="nul \x00 inside"), "InvalidParameter")
 
 
@@ -275,7 +335,76 @@ def test_topics_and_queues_of_another_region(server, protocol):
     assert [m["Body"] for m in receive_all(sqs, url, 1)] == ["regional"]
     attrs = sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]
     assert attrs["Endpoint"] == f"arn:aws:sqs:{region}:{ACCOUNT}:{queue}"
-    # the default region's client lists neither, but reaches the topic by its ARN
+    # the default region's client neither lists the topic nor reaches it by its ARN (as SNS)
     default = sns_client(server.url, protocol)
     assert topic not in [t["TopicArn"] for t in default.list_topics()["Topics"]]
-    assert default.get_topic_attributes(TopicArn=topic)["Attributes"]["SubscriptionsConfirmed"] == "1"
+    _fails(lambda: default.get_topic_attributes(TopicArn=topic), "InvalidParameter",
+           message="Invalid parameter: TopicArn")
+    assert sns.get_topic_attributes(TopicArn=topic)["Attributes"]["SubscriptionsConfirmed"] == "1"
+
+
+def test_topic_arn_of_another_region_is_refused(server, protocol, make_topic, make_queue):
+    """SNS answers InvalidParameter "Invalid parameter: TopicArn" when a topic ARN's region
+    is not the request's: for attributes, publish (one and batch), subscribe and delete."""
+    topic = make_topic()  # of the default region
+    _, queue_arn = make_queue()
+    other = sns_client(server.url, protocol, region="eu-test-2")
+    calls = {
+        "get": lambda: other.get_topic_attributes(TopicArn=topic),
+        "set": lambda: other.set_topic_attributes(TopicArn=topic, AttributeName="DisplayName", AttributeValue="x"),
+        "publish": lambda: other.publish(TopicArn=topic, Message="m"),
+        "batch": lambda: other.publish_batch(TopicArn=topic, PublishBatchRequestEntries=[{"Id": "1", "Message": "m"}]),
+        "subscribe": lambda: other.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn),
+        "delete": lambda: other.delete_topic(TopicArn=topic),
+    }
+    for call in calls.values():
+        _fails(call, "InvalidParameter", message="Invalid parameter: TopicArn")
+    _fails(lambda: other.publish(TargetArn=topic, Message="m"), "InvalidParameter",
+           message="Invalid parameter: TargetArn")
+    # nothing happened to the topic: it is there, unchanged, without subscriptions
+    sns = sns_client(server.url, protocol)
+    attrs = sns.get_topic_attributes(TopicArn=topic)["Attributes"]
+    assert attrs["DisplayName"] == "" and attrs["SubscriptionsConfirmed"] == "0"
+
+
+def test_filter_policy_numbers_to_five_decimal_places_and_string_array_of_one(sns, sqs, make_topic, make_queue):
+    """SNS compares numbers with five digits of accuracy after the decimal point, and a
+    String.Array attribute that is no JSON array is taken and matched as one value."""
+    topic = make_topic()
+    url, _ = _subscribe_queue(sns, make_queue, topic, RawMessageDelivery="true", FilterPolicy=json.dumps(
+        {"$or": [{"price": [{"numeric": ["=", 10]}]}, {"tags": ["solo"]}]}))
+    number = lambda v: {"price": {"DataType": "Number", "StringValue": v}}  # noqa: E731
+    tags = lambda v: {"tags": {"DataType": "String.Array", "StringValue": v}}  # noqa: E731
+    sns.publish(TopicArn=topic, Message="10.000004", MessageAttributes=number("10.000004"))  # rounds to 10
+    sns.publish(TopicArn=topic, Message="10.00001", MessageAttributes=number("10.00001"))
+    sns.publish(TopicArn=topic, Message="9.999996", MessageAttributes=number("9.999996"))
+    sns.publish(TopicArn=topic, Message="solo", MessageAttributes=tags("solo"))  # not a JSON array
+    sns.publish(TopicArn=topic, Message="in array", MessageAttributes=tags('["x", "solo"]'))
+    sns.publish(TopicArn=topic, Message="other", MessageAttributes=tags("other"))
+    got = receive_all(sqs, url, 4)
+    assert sorted(m["Body"] for m in got) == ["10.000004", "9.999996", "in array", "solo"]
+    assert receive_all(sqs, url, 1, timeout=1.0) == []
+
+
+def test_subscribing_a_queue_that_does_not_exist_yet(server, module_dsn, sns, sqs, make_topic):
+    """As SNS, Subscribe takes a well-formed ARN of a queue that does not exist. Until the
+    queue is created, what is published for it waits in the outbox, held with the reason;
+    creating the queue (through SQS) delivers it, in order, and later messages go straight in."""
+    topic = make_topic()
+    name = unique("later")
+    arn = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"
+    sub = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn,
+                        Attributes={"RawMessageDelivery": "true"})["SubscriptionArn"]
+    assert sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]["Endpoint"] == arn
+    assert sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn,
+                         Attributes={"RawMessageDelivery": "true"})["SubscriptionArn"] == sub
+    sns.publish(TopicArn=topic, Message="one")
+    sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=[{"Id": "b", "Message": "two"}])
+    with psycopg.connect(module_dsn, autocommit=True) as conn:
+        held = conn.execute("SELECT endpoint, held_reason FROM conveyor.http_deliveries WHERE queue_name = %s "
+                            "ORDER BY id", [name]).fetchall()
+    assert held == [(arn, f"SQS queue '{name}' does not exist: held until it is created")] * 2
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    assert [m["Body"] for m in receive_all(sqs, url, 2)] == ["one", "two"]
+    sns.publish(TopicArn=topic, Message="three")
+    assert [m["Body"] for m in receive_all(sqs, url, 1)] == ["three"]  # (one and two are in flight)

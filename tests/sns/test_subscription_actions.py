@@ -76,8 +76,8 @@ def test_subscribe_errors(sns, make_topic, make_queue):
            message="Invalid parameter: Endpoint Reason: not a valid URL")
     _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint="http://not-an-arn"), "InvalidParameter",
            message="Invalid parameter: SQS endpoint ARN")
-    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs",
-                                 Endpoint=f"arn:aws:sqs:{REGION}:{ACCOUNT}:{unique('nope')}"), "InvalidParameter")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=f"arn:aws:sqs:{REGION}:{ACCOUNT}:bad name"),
+           "InvalidParameter", message="Invalid parameter: SQS endpoint ARN")
     _, queue_arn = make_queue()
     _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
                                  Attributes={"Colour": "blue"}), "InvalidParameter")
@@ -180,3 +180,62 @@ def test_list_subscriptions_pages_of_100(server, protocol):
     _fails(lambda: sns.list_subscriptions(NextToken="abc"), "InvalidParameter")
     default = sns_client(server.url, protocol)
     assert not set(arns) & {s["SubscriptionArn"] for s in default.list_subscriptions()["Subscriptions"]}
+
+
+def test_filter_policy_and_booleans_as_given(sns, make_topic, make_queue):
+    """FilterPolicy comes back as the very text given (SNS does not re-serialise it);
+    RawMessageDelivery is read in any case."""
+    topic = make_topic()
+    _, queue_arn = make_queue()
+    policy = '{"b": [ "x" ],\n "a":[{"numeric":[">=", 1.50]}]}'
+    sub = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
+                        Attributes={"FilterPolicy": policy, "RawMessageDelivery": "True"})["SubscriptionArn"]
+    attrs = sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]
+    assert attrs["FilterPolicy"] == policy and attrs["RawMessageDelivery"] == "true"
+    # the same policy written otherwise is the same subscription
+    assert sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
+                         Attributes={"FilterPolicy": '{"a":[{"numeric":[">=",1.5]}],"b":["x"]}',
+                                     "RawMessageDelivery": "TRUE"})["SubscriptionArn"] == sub
+    other = '{ "c" : [ "y" ] }'
+    sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName="FilterPolicy", AttributeValue=other)
+    sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName="RawMessageDelivery", AttributeValue="FALSE")
+    attrs = sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]
+    assert attrs["FilterPolicy"] == other and attrs["RawMessageDelivery"] == "false"
+    sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName="FilterPolicy", AttributeValue="")
+    assert "FilterPolicy" not in sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]
+
+
+def test_sqs_endpoint_by_queue_url(sns, sqs, make_topic, make_queue):
+    """An sqs subscription may name its queue by URL (as seed 000 does): the server's own
+    queue URL or any http(s)://host/<account>/<queue>; it is the same subscription as by
+    ARN, answered with the queue's ARN, and delivers the same."""
+    topic = make_topic()
+    url, queue_arn = make_queue()
+    name = queue_arn.rpartition(":")[2]
+    sub = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=url,
+                        Attributes={"RawMessageDelivery": "true"})["SubscriptionArn"]
+    for same in (queue_arn, f"http://localhost/{ACCOUNT}/{name}",
+                 f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{name}"):
+        assert sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=same,
+                             Attributes={"RawMessageDelivery": "true"})["SubscriptionArn"] == sub
+    listed = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+    assert [(s["SubscriptionArn"], s["Endpoint"]) for s in listed] == [(sub, queue_arn)]
+    sns.publish(TopicArn=topic, Message="by url")
+    got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=2)["Messages"]
+    assert [m["Body"] for m in got] == ["by url"]
+    for bad in (f"http://localhost/{ACCOUNT}", f"http://localhost/{ACCOUNT}/{name}/extra",
+                f"http://localhost/{ACCOUNT}/bad%20name", "ftp://localhost/000000000000/q", "jobs"):
+        _fails(lambda bad=bad: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=bad), "InvalidParameter",
+               message="Invalid parameter: SQS endpoint ARN")
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=f"http://localhost/123456789012/{name}"),
+           "AuthorizationError", 403)
+
+
+def test_subscribe_checks_the_topic_before_the_endpoint(sns):
+    """A missing topic is SNS's NotFound whatever the protocol and endpoint (a queue that
+    does not exist either, a protocol Conveyor does not deliver to, a malformed endpoint)."""
+    missing = f"arn:aws:sns:{REGION}:{ACCOUNT}:{unique()}"
+    for protocol, endpoint in [("sqs", f"arn:aws:sqs:{REGION}:{ACCOUNT}:{unique('nope')}"), ("sms", "+1234567890"),
+                               ("sqs", "not-an-arn"), ("http", "https://wrong.scheme/")]:
+        _fails(lambda p=protocol, e=endpoint: sns.subscribe(TopicArn=missing, Protocol=p, Endpoint=e), "NotFound",
+               404, "Topic does not exist")

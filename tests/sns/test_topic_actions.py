@@ -60,6 +60,33 @@ def test_fifo_topic_attributes(sns):
     assert sns.get_topic_attributes(TopicArn=arn)["Attributes"]["ContentBasedDeduplication"] == "false"
 
 
+def test_boolean_attributes_are_read_in_any_case(sns):
+    """SNS reads "True" and "TRUE" as true; the topic then behaves and answers as with "true"."""
+    name = unique() + ".fifo"
+    arn = sns.create_topic(Name=name, Attributes={"FifoTopic": "True", "ContentBasedDeduplication": "TRUE"})[
+        "TopicArn"]
+    attrs = sns.get_topic_attributes(TopicArn=arn)["Attributes"]
+    assert attrs["FifoTopic"] == "true" and attrs["ContentBasedDeduplication"] == "true"
+    # content-based deduplication is in force: no MessageDeduplicationId needed
+    assert sns.publish(TopicArn=arn, Message="m", MessageGroupId="g")["SequenceNumber"]
+    assert sns.create_topic(Name=name, Attributes={"FifoTopic": "true", "ContentBasedDeduplication": "true"})[
+        "TopicArn"] == arn  # the same attributes, as far as SNS is concerned
+    sns.set_topic_attributes(TopicArn=arn, AttributeName="ContentBasedDeduplication", AttributeValue="False")
+    assert sns.get_topic_attributes(TopicArn=arn)["Attributes"]["ContentBasedDeduplication"] == "false"
+    _fails(lambda: sns.publish(TopicArn=arn, Message="m", MessageGroupId="g"), "InvalidParameter")
+    _fails(lambda: sns.set_topic_attributes(TopicArn=arn, AttributeName="ContentBasedDeduplication",
+                                            AttributeValue="yes"), "InvalidParameter")
+    assert sns.create_topic(Name=unique(), Attributes={"FifoTopic": "FALSE"})["TopicArn"]
+
+
+def test_json_attributes_come_back_as_given(sns):
+    policy = '{ "Version":"2012-10-17",\n  "Statement" : [ ] , "Id":"x" }'  # odd spacing and key order
+    arn = sns.create_topic(Name=unique(), Attributes={"DeliveryPolicy": '{"http":{ }}'})["TopicArn"]
+    sns.set_topic_attributes(TopicArn=arn, AttributeName="Policy", AttributeValue=policy)
+    attrs = sns.get_topic_attributes(TopicArn=arn)["Attributes"]
+    assert attrs["Policy"] == policy and attrs["DeliveryPolicy"] == '{"http":{ }}'
+
+
 def test_get_and_set_topic_attributes(sns):
     name = unique()
     arn = sns.create_topic(Name=name, Attributes={"DisplayName": "Orders"})["TopicArn"]
@@ -134,8 +161,9 @@ def test_list_topics_pages_of_100_and_regions_are_separate(server, protocol):
     default = sns_client(server.url, protocol)
     assert not set(arns) & {t["TopicArn"] for t in default.list_topics()["Topics"]}
     _fails(lambda: sns.list_topics(NextToken="%%%"), "InvalidParameter")
-    # an ARN names its region: reachable from a client of another region
-    assert default.get_topic_attributes(TopicArn=arns[0])["Attributes"]["TopicArn"] == arns[0]
+    # an ARN names its region: a client of another region may not use it (as SNS)
+    _fails(lambda: default.get_topic_attributes(TopicArn=arns[0]), "InvalidParameter",
+           message="Invalid parameter: TopicArn")
 
 
 def test_tags(sns, make_topic):

@@ -211,6 +211,58 @@ BODY_ONLY = [
 ]
 
 
+def SA(text: str) -> dict:
+    return {"DataType": "String.Array", "StringValue": text}
+
+
+# SNS compares numbers "with five digits of accuracy after the decimal point": both sides
+# are rounded to five decimal places first
+FIVE_DIGITS = [
+    ({"n": [{"numeric": ["=", 1]}]}, N("1.000004"), True),
+    ({"n": [{"numeric": ["=", 1]}]}, N("1.000005"), False),  # rounds to 1.00001
+    ({"n": [{"numeric": ["=", 1]}]}, N("1.00001"), False),
+    ({"n": [{"numeric": ["=", 0.1]}]}, N("0.10000049"), True),
+    ({"n": [{"numeric": ["=", 1.000004]}]}, N("1"), True),  # the policy's number too
+    ({"n": [1]}, N("0.999996"), True),
+    ({"n": [1]}, N("0.99999"), False),
+    ({"n": [{"anything-but": [1]}]}, N("1.000001"), False),
+    ({"n": [{"anything-but": [1]}]}, N("1.00001"), True),
+    ({"n": [{"numeric": [">", 0]}]}, N("0.000004"), False),
+    ({"n": [{"numeric": [">", 0]}]}, N("0.00001"), True),
+    ({"n": [{"numeric": ["<=", 0]}]}, N("0.000004"), True),
+    ({"n": [{"numeric": [">=", 2.5, "<", 3]}]}, N("2.4999951"), True),
+    ({"n": [{"numeric": [">", -1e9, "<", 1e9]}]}, N("-999999999.99999"), True),
+    ({"n": [{"numeric": [">", -1e9, "<", 1e9]}]}, N("-999999999.999996"), False),  # rounds to -1e9
+]
+
+
+@pytest.mark.parametrize(("policy", "attribute", "expected"), FIVE_DIGITS)
+async def test_numbers_are_compared_to_five_decimal_places(conn, policy, attribute, expected):
+    assert await _matches(conn, policy, "MessageAttributes", {"n": attribute}, "") is expected
+    body = json.dumps({"n": json.loads(attribute["StringValue"])})
+    assert await _matches(conn, policy, "MessageBody", {}, body) is expected
+
+
+# a String.Array value that is not a JSON array is one value: the JSON value it is, or its text
+ARRAY_OF_ONE = [
+    ({"a": ["x"]}, SA("x"), True),
+    ({"a": [{"prefix": "not an"}]}, SA("not an array"), True),
+    ({"a": ["quoted"]}, SA('"quoted"'), True),
+    ({"a": [5]}, SA("5"), True),
+    ({"a": [{"numeric": [">", 4]}]}, SA("5.0"), True),
+    ({"a": [True]}, SA("true"), True),
+    ({"a": ["y"]}, SA("x"), False),
+    ({"a": [{"exists": True}]}, SA("x"), True),
+    ({"a": ['{"k": 1}']}, SA('{"k": 1}'), True),  # an object is not a value: its text is
+    ({"a": ["x"]}, SA('["y", "x"]'), True),  # a real array: any element
+]
+
+
+@pytest.mark.parametrize(("policy", "attribute", "expected"), ARRAY_OF_ONE)
+async def test_a_string_array_that_is_not_an_array_is_one_value(conn, policy, attribute, expected):
+    assert await _matches(conn, policy, "MessageAttributes", {"a": attribute}, "") is expected
+
+
 async def test_body_cases(conn):
     wrong = [(p, b) for p, b, expected in BODY_ONLY
              if await _matches(conn, p, "MessageBody", {}, json.dumps(b)) is not expected]

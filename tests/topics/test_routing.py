@@ -223,6 +223,11 @@ async def test_dropping_a_queue_drops_its_subscriptions(conn):
     await topics.subscribe(conn, Sub(pattern="orders", queue="q"))
     await queues.drop(conn, "q")
     assert await topics.subscriptions_list(conn) == []
+    # also one that was made before its queue existed
+    await topics.subscribe(conn, Sub(pattern="orders", queue="later", queue_must_exist=False))
+    await queues.create(conn, "later")
+    await queues.drop(conn, "later")
+    assert await topics.subscriptions_list(conn) == []
 
 
 # -- roles -----------------------------------------------------------------------------------

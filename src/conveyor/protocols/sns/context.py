@@ -7,9 +7,11 @@ the default region keep their plain names across SNS, REST, SQL and the CLI. A t
 stored name is also the routing key a Publish uses and the pattern a Subscribe binds.
 
 ARNs: ``arn:aws:sns:<region>:<account>:<topic>`` for topics and
-``<topic ARN>:<subscription uuid>`` for subscriptions. An SQS subscription names its queue
-by the queue's ARN ``arn:aws:sqs:<region>:<account>:<queue>``, resolved as the SQS layer
-resolves it.
+``<topic ARN>:<subscription uuid>`` for subscriptions. A topic ARN must be of the
+request's region (SNS answers "Invalid parameter: TopicArn" otherwise). An SQS
+subscription names its queue by the queue's ARN ``arn:aws:sqs:<region>:<account>:<queue>``,
+resolved as the SQS layer resolves it, or by its queue URL (``http://host/<account>/<queue>``,
+as seed 000 subscribes queues), normalised to the same queue.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from conveyor import types
 from conveyor.protocols.aws.service import RegionScope
@@ -28,6 +31,7 @@ _TOPIC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 _FIFO_TOPIC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,251}\.fifo$")
 _ARN_TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")  # any routing key (topics made over REST too)
 _ARN = re.compile(r"^arn:aws[a-z-]*:(sns|sqs):([a-z0-9-]{1,32}):(\d{12}):(.+)$")
+_QUEUE_URL = re.compile(r"^https?://[^/?#\s]+/[^?#\s]*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -67,11 +71,13 @@ class Context(RegionScope):
         return region, resource
 
     def topic_from_arn(self, arn: str | None, parameter: str = "TopicArn") -> str:
-        """The stored name of the topic an ARN names (not checked for existence)."""
+        """The stored name of the topic an ARN names (not checked for existence). A topic
+        of another region than the request's is refused, as SNS refuses it: a client
+        reaches the topics of its own region only."""
         region, name = self._parse(arn, "sns", parameter)
-        if not _ARN_TOPIC_NAME.match(name):
+        if not _ARN_TOPIC_NAME.match(name) or region != self.region:
             raise invalid(parameter)
-        return self.internal(name, region)
+        return self.internal(name)
 
     def subscription_from_arn(self, arn: str | None, parameter: str = "SubscriptionArn") -> tuple[str, uuid.UUID]:
         """(topic, subscription uuid) of a subscription ARN."""
@@ -84,14 +90,34 @@ class Context(RegionScope):
         except ValueError:
             raise invalid(parameter) from None
 
-    def queue_from_arn(self, arn: str | None) -> str:
-        """The stored name of the SQS queue an SQS subscription's Endpoint names."""
-        if not arn or not _ARN.match(arn):
+    def queue_from_endpoint(self, endpoint: str | None) -> str:
+        """The stored name of the SQS queue an SQS subscription's Endpoint names: its ARN
+        (SNS's way) or its queue URL (seed 000's way; SNS refuses URLs)."""
+        if endpoint and _QUEUE_URL.match(endpoint):
+            return self._queue_from_url(endpoint)
+        if not endpoint or not _ARN.match(endpoint):
             raise invalid("SQS endpoint ARN")
-        region, name = self._parse(arn, "sqs", "SQS endpoint ARN")
+        region, name = self._parse(endpoint, "sqs", "SQS endpoint ARN")
         if not is_valid_queue_name(name):
             raise invalid("SQS endpoint ARN")
         return self.internal(name, region)
+
+    def _queue_from_url(self, url: str) -> str:
+        """A queue URL, ``http(s)://<any host>/<account>/<queue>`` — the server's own or
+        SQS's — resolved as the SQS layer resolves a QueueUrl: by its path, in the
+        request's region."""
+        try:
+            path = urlsplit(url).path
+        except ValueError:  # a malformed IPv6 host
+            raise invalid("SQS endpoint ARN") from None
+        parts = [unquote(p) for p in path.split("/") if p]
+        if len(parts) != 2 or not is_valid_queue_name(parts[1]):
+            raise invalid("SQS endpoint ARN")
+        if parts[0] != self.account_id:
+            raise SnsError("AuthorizationErrorException",
+                           f"User: arn:aws:iam::{self.account_id}:root is not authorized to perform: "
+                           f"SNS:{self.action} on resource: {url}")
+        return self.internal(parts[1])
 
     def check_subscription_topic(self, subscription: types.Subscription | None, topic: str) -> types.Subscription:
         """A subscription found by uuid belongs to the topic its ARN names, or is not found."""

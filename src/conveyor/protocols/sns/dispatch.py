@@ -21,7 +21,13 @@ from starlette.responses import Response
 
 from conveyor import errors
 from conveyor.protocols.aws import service, sigv4, wire
-from conveyor.protocols.sns import publish_actions, subscription_actions, tag_actions, topic_actions
+from conveyor.protocols.sns import (
+    permission_actions,
+    publish_actions,
+    subscription_actions,
+    tag_actions,
+    topic_actions,
+)
 from conveyor.protocols.sns.context import Context
 from conveyor.protocols.sns.errors import INTERNAL, SnsError, from_conveyor, invalid
 from conveyor.protocols.sns.shapes import INPUT, NAMESPACE, OUTPUT
@@ -39,6 +45,8 @@ HANDLERS: dict[str, Handler] = {
     "ListTopics": topic_actions.list_topics,
     "GetTopicAttributes": topic_actions.get_topic_attributes,
     "SetTopicAttributes": topic_actions.set_topic_attributes,
+    "AddPermission": permission_actions.add_permission,
+    "RemovePermission": permission_actions.remove_permission,
     "Subscribe": subscription_actions.subscribe,
     "Unsubscribe": subscription_actions.unsubscribe,
     "ConfirmSubscription": subscription_actions.confirm_subscription,

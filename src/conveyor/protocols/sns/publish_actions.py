@@ -7,7 +7,8 @@ endpoints) — SMS (PhoneNumber) is not offered. ``MessageStructure=json`` gives
 per protocol: a JSON object with a ``default`` string and optionally ``sqs``, ``http`` and
 ``https`` ones. FIFO topics need a MessageGroupId and a MessageDeduplicationId unless the
 topic has ContentBasedDeduplication, in which case the engine takes the SHA-256 of the
-message as the id.
+message as the id. Standard topics take a MessageGroupId too, which their SQS
+subscriptions keep (SQS fair queues).
 """
 
 from __future__ import annotations
@@ -70,11 +71,13 @@ def _attribute(name: str, value: dict[str, Any]) -> dict[str, str]:
 
 
 def _check_array(name: str, text: str) -> None:
+    """A JSON array holds strings, numbers, booleans and nulls. A value that is no JSON
+    array is taken, as SNS takes it, and filter policies match it as one value."""
     try:
         parsed = json.loads(text)
     except ValueError:
-        parsed = None
-    if not isinstance(parsed, list) or any(isinstance(v, (list, dict)) for v in parsed):
+        return
+    if isinstance(parsed, list) and any(isinstance(v, (list, dict)) for v in parsed):
         raise invalid_value(f"The message attribute '{name}' with type 'String.Array' must be a JSON array of "
                             "strings, numbers, booleans or nulls.")
 
@@ -120,19 +123,19 @@ def _subject(subject: str | None) -> str | None:
 
 
 def _fifo_ids(topic: types.Topic, entry: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(group, deduplication id). A standard topic takes a MessageGroupId too (SQS fair
+    queues): its SQS subscriptions keep it on the queue message; HTTP(S) deliveries,
+    which have no place for it, drop it."""
     group, dedup = entry.get("MessageGroupId"), entry.get("MessageDeduplicationId")
+    if group is not None and not _ASCII_ID.match(group):
+        raise invalid("MessageGroupId", "up to 128 letters, digits and punctuation")
     if not topic.fifo:
         if dedup is not None:
             raise invalid("MessageDeduplicationId", "The request includes MessageDeduplicationId parameter that "
                           "is not valid for this topic type")
-        if group is not None:
-            raise invalid("MessageGroupId", "The request includes MessageGroupId parameter that is not valid "
-                          "for this topic type")
-        return None, None
+        return group, None
     if group is None:
         raise invalid("The MessageGroupId parameter is required for FIFO topics")
-    if not _ASCII_ID.match(group):
-        raise invalid("MessageGroupId", "up to 128 letters, digits and punctuation")
     if dedup is None:  # the engine derives it from the body (SHA-256) for such topics
         if not attrs.content_based_deduplication(topic):
             raise invalid("The topic should either have ContentBasedDeduplication enabled or "
@@ -215,6 +218,21 @@ def _failed(entry_id: str, exc: SnsError) -> dict[str, Any]:
     return {"Id": entry_id, "Code": exc.kind.query_code, "Message": exc.message, "SenderFault": exc.kind.sender}
 
 
+def _check_whole_batch(topic: types.Topic, entries: list[dict[str, Any]]) -> None:
+    """What SNS refuses for the whole PublishBatch (400) rather than per entry: a FIFO
+    entry without MessageGroupId, or without MessageDeduplicationId on a topic without
+    content-based deduplication, and a MessageStructure=json entry it cannot read."""
+    if topic.fifo and any(e.get("MessageGroupId") is None for e in entries):
+        raise invalid("The MessageGroupId parameter is required for FIFO topics")
+    if (topic.fifo and not attrs.content_based_deduplication(topic)
+            and any(e.get("MessageDeduplicationId") is None for e in entries)):
+        raise invalid("The topic should either have ContentBasedDeduplication enabled or "
+                      "MessageDeduplicationId provided explicitly")
+    for entry in entries:
+        if entry.get("Message") is not None:
+            _structure(entry["Message"], entry.get("MessageStructure"))
+
+
 async def publish_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     if not p.get("TopicArn"):
         raise invalid("TopicArn")
@@ -222,6 +240,7 @@ async def publish_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     entries = p.get("PublishBatchRequestEntries") or []
     _check_batch(entries)
     topic = await _topic(ctx, name)
+    _check_whole_batch(topic, entries)
     successful, failed = [], []
     for entry in entries:
         try:

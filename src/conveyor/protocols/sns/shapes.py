@@ -56,6 +56,9 @@ INPUT: dict[str, Struct] = {
     "Publish": Struct({"TopicArn": STRING, "TargetArn": STRING, "PhoneNumber": STRING, **PUBLISH_FIELDS}),
     "PublishBatch": Struct({"TopicArn": STRING, "PublishBatchRequestEntries": ListOf(
         Struct({"Id": STRING, **PUBLISH_FIELDS}))}),
+    "AddPermission": Struct({"TopicArn": STRING, "Label": STRING, "AWSAccountId": ListOf(STRING),
+                             "ActionName": ListOf(STRING)}),
+    "RemovePermission": Struct({"TopicArn": STRING, "Label": STRING}),
     "TagResource": Struct({"ResourceArn": STRING, "Tags": TAGS}),
     "UntagResource": Struct({"ResourceArn": STRING, "TagKeys": ListOf(STRING)}),
     "ListTagsForResource": Struct({"ResourceArn": STRING}),

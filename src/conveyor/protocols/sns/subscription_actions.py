@@ -1,7 +1,9 @@
 """SNS subscription actions: Subscribe, Unsubscribe, ConfirmSubscription, ListSubscriptions,
 ListSubscriptionsByTopic, GetSubscriptionAttributes, SetSubscriptionAttributes.
 
-Protocols: ``sqs`` (the Endpoint is the queue's ARN), ``http`` and ``https``. Conveyor
+Protocols: ``sqs`` (the Endpoint is the queue's ARN, or its URL; the queue need not exist
+yet: what is published for it waits, held in the outbox, until it is created), ``http``
+and ``https``. Conveyor
 confirms every subscription at once: it sends no SubscriptionConfirmation to an HTTP(S)
 endpoint, Subscribe answers with the subscription's ARN (never "pending confirmation"),
 and ConfirmSubscription answers with the ARN of the subscription its token names — the
@@ -67,6 +69,7 @@ def _changes(given: dict[str, str], *, one: bool = False) -> dict[str, Any]:
             changes["raw_delivery"] = _bool(name, value)
         elif name == "FilterPolicy":
             changes["filter_policy"] = value or None
+            kept[name] = value or None  # the text as given, which GetSubscriptionAttributes returns
         elif name == "FilterPolicyScope":
             changes["filter_policy_scope"] = value
         else:
@@ -126,18 +129,31 @@ def attributes_of(ctx: Context, s: types.Subscription) -> dict[str, str]:
     if s.protocol in ("http", "https"):
         out["EffectiveDeliveryPolicy"] = EFFECTIVE_DELIVERY_POLICY
     if s.filter_policy is not None:
-        out["FilterPolicy"] = json.dumps(s.filter_policy, separators=(",", ":"))
+        out["FilterPolicy"] = filter_policy_text(s)
         out["FilterPolicyScope"] = s.filter_policy_scope
     out.update({k: str(v) for k, v in (s.attributes or {}).items() if k in KEPT and v is not None})
     return out
 
 
+def filter_policy_text(s: types.Subscription) -> str:
+    """The policy as the caller gave it over SNS (kept beside the parsed policy), unless
+    the policy was changed since by another door (REST), which gives no text."""
+    given = (s.attributes or {}).get("FilterPolicy")
+    if isinstance(given, str):
+        try:
+            if json.loads(given) == s.filter_policy:
+                return given
+        except ValueError:
+            pass
+    return json.dumps(s.filter_policy, separators=(",", ":"))
+
+
 # -- actions -----------------------------------------------------------------------------------
 
-async def _find(ctx: Context, conn: Any, topic: str, protocol: str, queue: str | None,
-                endpoint: str | None) -> types.Subscription | None:
-    for s in await topics.subscriptions_list(conn, pattern=topic, queue=queue):
-        if s.protocol == protocol and s.queue == queue and (queue is not None or s.endpoint == endpoint):
+async def _find(conn: Any, spec: types.NewSubscription) -> types.Subscription | None:
+    for s in await topics.subscriptions_list(conn, pattern=spec.pattern):
+        if s.protocol == spec.protocol and s.queue == spec.queue and (spec.queue is not None
+                                                                      or s.endpoint == spec.endpoint):
             return s
     return None
 
@@ -147,11 +163,20 @@ def _same(existing: types.Subscription, spec: types.NewSubscription) -> bool:
     return (existing.raw_delivery == spec.raw_delivery
             and (existing.filter_policy or None) == (policy or None)
             and (policy is None or existing.filter_policy_scope == spec.filter_policy_scope)
-            and all(existing.attributes.get(k) == v for k, v in (spec.attributes or {}).items()))
+            and all(existing.attributes.get(k) == v for k, v in (spec.attributes or {}).items()
+                    if k != "FilterPolicy"))  # compared parsed, above
 
 
-def _spec(topic: str, protocol: str, queue: str | None, endpoint: str | None,
-          changes: dict[str, Any]) -> types.NewSubscription:
+def _spec(ctx: Context, topic: str, p: dict[str, Any]) -> types.NewSubscription:
+    """What a Subscribe asks for, checked. An SQS queue need not exist (SNS subscribes any
+    well-formed queue ARN): until it is created, what is published for it waits."""
+    protocol = _check_protocol(p.get("Protocol"))
+    queue = endpoint = None
+    if protocol == "sqs":
+        queue = ctx.queue_from_endpoint(p.get("Endpoint"))
+    else:
+        endpoint = _check_endpoint(protocol, p.get("Endpoint"))
+    changes = _changes(p.get("Attributes") or {})
     policy = changes.get("filter_policy")
     return types.NewSubscription(
         pattern=topic, protocol=protocol, queue=queue, endpoint=endpoint,
@@ -159,40 +184,34 @@ def _spec(topic: str, protocol: str, queue: str | None, endpoint: str | None,
         filter_policy=json.loads(policy) if policy else None,
         filter_policy_scope=changes.get("filter_policy_scope", "MessageAttributes"),
         attributes={k: v for k, v in changes.get("attributes", {}).items() if v is not None},
+        queue_must_exist=False,
     )
 
 
 async def subscribe(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    """The topic's existence is checked before anything else of the call, as SNS does: a
+    missing topic is NotFound, whatever the protocol and endpoint."""
     topic = ctx.topic_from_arn(p.get("TopicArn"))
-    protocol = _check_protocol(p.get("Protocol"))
-    queue = endpoint = None
-    if protocol == "sqs":
-        queue = ctx.queue_from_arn(p.get("Endpoint"))
-    else:
-        endpoint = _check_endpoint(protocol, p.get("Endpoint"))
-    changes = _changes(p.get("Attributes") or {})
-    spec = _spec(topic, protocol, queue, endpoint, changes)
     async with ctx.broker.connection() as conn:
         found = await topic_actions.get_topic(ctx, conn, topic)
-        await _check_fit(ctx, conn, found, spec)
-        existing = await _find(ctx, conn, topic, protocol, queue, endpoint)
+        spec = _spec(ctx, topic, p)
+        _check_fit(found, spec)
+        existing = await _find(conn, spec)
         if existing is not None:
             if not _same(existing, spec):
                 raise invalid("Attributes", "Subscription already exists with different attributes")
             return {"SubscriptionArn": ctx.subscription_arn(existing)}
-        try:
-            created = await topics.subscribe(conn, spec)
-        except errors.QueueNotFound:
-            raise invalid("Endpoint", "the SQS queue does not exist") from None
+        created = await topics.subscribe(conn, spec)
     return {"SubscriptionArn": ctx.subscription_arn(created)}
 
 
-async def _check_fit(ctx: Context, conn: Any, topic: types.Topic, spec: types.NewSubscription) -> None:
+def _check_fit(topic: types.Topic, spec: types.NewSubscription) -> None:
     """FIFO topics deliver to SQS queues only; a FIFO queue takes only a FIFO topic."""
     if topic.fifo and spec.protocol != "sqs":
         raise invalid("Protocol", f"Invalid protocol type: {spec.protocol}. FIFO topics deliver to SQS queues only")
     if spec.queue is not None and spec.queue.endswith(".fifo") and not topic.fifo:
-        raise invalid("Endpoint", "FIFO SQS Queues can not be subscribed to standard SNS topics")
+        # SNS's wording, "Invalid parameter: " doubled and all
+        raise invalid("Invalid parameter: Endpoint", "FIFO SQS Queues can not be subscribed to standard SNS topics")
 
 
 async def _subscription(ctx: Context, conn: Any, arn: str | None) -> types.Subscription:

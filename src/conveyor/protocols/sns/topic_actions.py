@@ -106,4 +106,4 @@ async def set_topic_attributes(ctx: Context, p: dict[str, Any]) -> None:
     async with ctx.broker.connection() as conn:
         found = await get_topic(ctx, conn, topic)
         attrs.check(name, value, fifo=found.fifo, creating=False)
-        await topics.set_attributes(conn, topic, {name: value if value != "" else None})
+        await topics.set_attributes(conn, topic, {name: attrs.stored(name, value) if value != "" else None})

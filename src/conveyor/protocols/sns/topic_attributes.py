@@ -26,9 +26,8 @@ SETTABLE = frozenset({
 CREATE_ONLY = frozenset({"FifoTopic"})
 FIFO_ONLY = frozenset({"ContentBasedDeduplication", "ArchivePolicy", "FifoThroughputScope"})
 JSON_VALUED = frozenset({"DeliveryPolicy", "Policy", "ArchivePolicy", "DataProtectionPolicy"})
+BOOLEAN = frozenset({"ContentBasedDeduplication", "FifoTopic"})  # read in any case, stored as true/false
 _CHOICES = {
-    "ContentBasedDeduplication": ("true", "false"),
-    "FifoTopic": ("true", "false"),
     "TracingConfig": ("PassThrough", "Active"),
     "SignatureVersion": ("2",),
     "FifoThroughputScope": ("Topic", "MessageGroup"),
@@ -54,6 +53,8 @@ def check(name: str, value: str, *, fifo: bool, creating: bool) -> None:
         raise invalid("AttributeName")
     if name in FIFO_ONLY and not fifo:
         raise invalid("Attributes", f"{name} is only valid for FIFO topics")
+    if name in BOOLEAN and value.lower() not in ("true", "false"):
+        raise invalid("Attributes", f"Invalid value [{value}] for {name}: must be one of true, false")
     if name in _CHOICES and value not in _CHOICES[name]:
         raise invalid("Attributes", f"Invalid value [{value}] for {name}: must be one of "
                       f"{', '.join(_CHOICES[name])}")
@@ -68,15 +69,21 @@ def check(name: str, value: str, *, fifo: bool, creating: bool) -> None:
         raise invalid("Attributes", "DisplayName")
 
 
+def stored(name: str, value: str) -> str:
+    """A checked value as it is kept: booleans as ``true``/``false`` (SNS reads "True" and
+    "TRUE" too), everything else exactly as given (JSON policies are not re-serialised)."""
+    return value.lower() if name in BOOLEAN else value
+
+
 def for_create(name: str, given: Mapping[str, str]) -> dict[str, str]:
     """The attributes of a CreateTopic, checked; the topic's FIFO-ness must agree with its name."""
     fifo_name = name.endswith(".fifo")
-    fifo = given.get("FifoTopic", "false") == "true"
+    fifo = stored("FifoTopic", given.get("FifoTopic", "false")) == "true"
     for key, value in given.items():
         check(key, value, fifo=fifo, creating=True)
     if fifo != fifo_name:  # SNS's wording for either mismatch
         raise invalid("Topic Name")
-    return {k: v for k, v in given.items() if k != "FifoTopic" and v != ""}
+    return {k: stored(k, v) for k, v in given.items() if k != "FifoTopic" and v != ""}
 
 
 def default_policy(ctx: Context, topic: str) -> str:
