@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 
 import pytest
 
 from conveyor import errors, types
 from conveyor.core import messages, queues
+from conveyor.db import pool
 
 M = types.OutgoingMessage
 
@@ -239,3 +242,36 @@ async def test_bad_message_objects_are_rejected(conn):
     await queues.create(conn, "jobs")
     with pytest.raises(errors.InvalidInput, match="system_attributes"):
         await messages.send_batch(conn, "jobs", [M("x", system_attributes=["no"])])  # type: ignore[arg-type]
+
+
+async def test_grouped_receives_of_a_standard_queue_never_share_a_group(dsn):
+    """Concurrent grouped receivers (seed 000's receive_fifo on a standard queue): each group
+    is held by one receiver at a time and delivered in send order, every message once."""
+    async with pool.connect(dsn) as conn:
+        await queues.create(conn, "fair")
+        await messages.send_batch(conn, "fair", [M(f"{g}:{i}", group_id=g) for i in range(15) for g in "abcd"])
+    holders: dict[str, int] = {}
+    seen: dict[str, list[int]] = {g: [] for g in "abcd"}
+
+    async def worker(n: int) -> None:
+        async with pool.connect(dsn) as conn:
+            for _ in range(200):
+                got = await messages.receive_grouped(conn, "fair", qty=random.randint(1, 3), vt=30)
+                if not got:
+                    if sum(map(len, seen.values())) == 60:
+                        return
+                    await asyncio.sleep(0.005)
+                    continue
+                groups = {m.group_id for m in got}
+                for g in groups:
+                    assert holders.get(g) is None, f"group {g} held by {holders[g]} and {n}"
+                    holders[g] = n
+                for m in got:
+                    seen[m.group_id].append(int(m.body.split(":")[1]))
+                await asyncio.sleep(random.random() / 100)
+                for g in groups:
+                    del holders[g]
+                await messages.delete(conn, "fair", [m.id for m in got])
+
+    await asyncio.gather(*(worker(n) for n in range(6)))
+    assert seen == {g: list(range(15)) for g in "abcd"}

@@ -91,6 +91,10 @@ def test_subscription_crud(http, q, key):
     assert [s["id"] for s in http.get(f"/v1/queues/{q}/subscriptions").json()] == [a["id"]]
     published = http.post(f"/v1/events/{key}.x", json={"message": "m"}).json()
     assert (published["queues_matched"], published["endpoints_matched"]) == (1, 1)
+    [copy] = published["messages"]  # seed 000: the messages the publish stored
+    assert copy["queue"] == q
+    [got] = http.get(f"/v1/queues/{q}/messages").json()
+    assert got["id"] == copy["id"]
     assert http.delete(f"{path}/{a['id']}").status_code == 204
     assert http.delete(f"{path}/{a['id']}").status_code == 404
     assert http.get(f"{path}/{a['id']}").status_code == 404

@@ -138,6 +138,34 @@ def test_fifo_through_rest(http, queue_name):
     assert r.status_code == 400 and "group_id" in r.json()["error"]
 
 
+def test_fifo_read_of_a_standard_queue_goes_by_group(http, q):
+    # seed 000: ?fifo=true reads in group order, one group to one consumer at a time, on any
+    # queue; messages without a group id form one group of their own
+    r = http.post(f"{q}/messages", json=[{"message": "a1", "group_id": "a"}, {"message": "b1", "group_id": "b"},
+                                          {"message": "a2", "group_id": "a"}, {"message": "n1"},
+                                          {"message": "n2"}])
+    assert r.status_code == 201, r.text
+    first = http.get(f"{q}/messages", params={"fifo": "true", "max": 10}).json()
+    # every group's messages in order, and no group split between two consumers
+    assert [m["message"] for m in first] == ["a1", "b1", "a2", "n1", "n2"]
+    assert http.get(f"{q}/messages", params={"fifo": "true", "max": 10}).json() == []
+    # the other groups back (visible again) while "a" stays in flight: "a" stays blocked
+    for m in first:
+        if m.get("group_id") != "a":
+            http.patch(f"{q}/messages/{m['id']}", json={"vt": 0})
+    again = http.get(f"{q}/messages", params={"fifo": "true", "max": 10}).json()
+    assert sorted(m["message"] for m in again) == ["b1", "n1", "n2"]
+    assert http.get(f"{q}/messages", params={"fifo": "true", "max": 10}).json() == []
+
+
+def test_fifo_read_gives_one_group_to_one_consumer_at_a_time(http, q):
+    http.post(f"{q}/messages", json=[{"message": f"{g}{i}", "group_id": g} for i in range(3) for g in "xy"])
+    one = http.get(f"{q}/messages", params={"fifo": "true", "max": 1}).json()
+    two = http.get(f"{q}/messages", params={"fifo": "true", "max": 1}).json()
+    three = http.get(f"{q}/messages", params={"fifo": "true", "max": 1}).json()
+    assert [m["message"] for m in one + two] == ["x0", "y0"] and three == []
+
+
 @pytest.mark.parametrize("payload, status, fragment", [
     ({}, 400, "message"),
     ({"message": "x", "delay": 901}, 400, "delay"),
@@ -156,7 +184,7 @@ def test_bad_sends(http, q, payload, status, fragment):
 
 @pytest.mark.parametrize("params, fragment", [
     ({"max": 0}, "max"), ({"max": "lots"}, "max"), ({"vt": -1}, "vt"), ({"wait": 21}, "wait"),
-    ({"bogus": 1}, "bogus"),
+    ({"bogus": 1}, "bogus"), ({"fifo": "maybe"}, "fifo"),
 ])
 def test_bad_receives(http, q, params, fragment):
     r = http.get(f"{q}/messages", params=params)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from support.sqs_clients import client
+
 
 def test_create_get_list_delete(http, queue_name):
     r = http.post("/v1/queues", json={"name": queue_name, "visibility_timeout": 45})
@@ -34,6 +36,26 @@ def test_fifo_and_redrive_attributes(http, queue_name):
     assert r.json()["fifo"] is True and r.json()["dead_letter_queue"] == dlq
 
 
+def test_fifo_true_names_the_queue_with_the_suffix(http, queue_name, server):
+    sqs = client(server.url, "json")
+    # seed 000: {"name": ..., "fifo": true}; the queue's one name ends in .fifo everywhere
+    r = http.post("/v1/queues", json={"name": queue_name, "fifo": True})
+    assert r.status_code == 201, r.text
+    assert r.json()["name"] == queue_name + ".fifo" and r.json()["fifo"] is True
+    assert r.headers["location"] == f"/v1/queues/{queue_name}.fifo"
+    # the same queue again, by either spelling, is the same queue (idempotent create)
+    assert http.post("/v1/queues", json={"name": queue_name + ".fifo", "fifo": True}).status_code == 201
+    url = sqs.get_queue_url(QueueName=queue_name + ".fifo")["QueueUrl"]
+    assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["FifoQueue"])["Attributes"]["FifoQueue"] == "true"
+    assert http.get(f"/v1/queues/{queue_name}").status_code == 404
+
+
+def test_list_items_carry_the_storage_kinds(http, queue_name):
+    http.post("/v1/queues", json={"name": queue_name})
+    [item] = [q for q in http.get("/v1/queues").json() if q["name"] == queue_name]
+    assert item["is_partitioned"] is False and item["is_unlogged"] is False and "created_at" in item
+
+
 def test_alter(http, queue_name):
     http.post("/v1/queues", json={"name": queue_name})
     r = http.patch(f"/v1/queues/{queue_name}", json={"delay_seconds": 3, "visibility_timeout": 9})
@@ -58,7 +80,8 @@ def test_invalid_create_requests_are_400_with_the_reason(http):
         ({"name": "ok", "visibility_timeout": -1}, "visibility_timeout"),
         ({"name": "ok", "colour": "red"}, "colour"),
         ({}, "name"),
-        ({"name": "ok", "fifo": True}, "FIFO"),
+        ({"name": "ok.fifo", "fifo": False}, "FIFO"),
+        ({"name": "x" * 76, "fifo": True}, "75 characters"),
     ]
     for payload, fragment in cases:
         r = http.post("/v1/queues", json=payload)

@@ -52,7 +52,7 @@ def test_query_success_and_error_shapes(server):
     error = ET.fromstring(bad.text)
     assert error.find("sqs:Error/sqs:Type", NS).text == "Sender"
     assert error.find("sqs:Error/sqs:Code", NS).text == "AWS.SimpleQueueService.NonExistentQueue"
-    assert error.find("sqs:Error/sqs:Message", NS).text == "The specified queue does not exist."
+    assert error.find("sqs:Error/sqs:Message", NS).text == "The specified queue does not exist for this wsdl version."
     assert error.find("sqs:RequestId", NS).text == bad.headers["x-amzn-RequestId"]
 
 

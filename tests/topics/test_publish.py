@@ -40,8 +40,13 @@ async def test_fan_out_to_every_matching_queue(conn, signer):
     assert published.queues == ("all", "orders", "created") and published.queues_matched == 3
     assert published.endpoints == 0
     assert isinstance(published.message_id, uuid.UUID)
+    stored = {c.queue: c for c in published.messages}
+    assert sorted(stored) == ["all", "created", "orders"]
     for q, expected in {"all": ["m1"], "orders": ["m1"], "created": ["m1"], "eu": [], "none": []}.items():
-        assert await _bodies(conn, q) == expected, q
+        got = await messages.receive(conn, q, qty=100)
+        assert [m.body for m in got] == expected, q
+        if got:  # the publish names the message it stored in each queue
+            assert (got[0].id, got[0].message_uuid) == (stored[q].id, stored[q].message_uuid)
     only_all = await topics.publish(conn, "unheard.of", P("m2"), signer=signer, urls=URLS)
     assert only_all.queues == ("all",) and only_all.endpoints == 0
     assert await _bodies(conn, "all") == ["m2"]
@@ -122,7 +127,9 @@ async def test_publishing_from_sql_alone(conn):
     await queues.create(conn, "q")
     await topics.subscribe(conn, Sub(pattern="orders.*", queue="q"))
     cur = await conn.execute("""SELECT * FROM conveyor.topic_publish('orders.new', '{"body": "from psql"}')""")
-    assert await cur.fetchone() == (["q"], 0, None)
+    queues_, endpoints, sequence, [copy] = await cur.fetchone()
+    assert (queues_, endpoints, sequence) == (["q"], 0, None)
+    assert (copy["queue"], copy["id"]) == ("q", 1)
     [m] = await messages.receive(conn, "q")
     envelope = json.loads(m.body)
     assert envelope["Message"] == "from psql"
@@ -278,3 +285,98 @@ async def test_publish_is_one_statement_for_many_subscriptions(conn, signer):
     assert len(published.queues) == 100
     cur = await conn.execute("SELECT count(*), count(DISTINCT queue_id), max(id) FROM conveyor.messages")
     assert await cur.fetchone() == (100, 100, 1)
+
+
+# -- queues that do not exist yet ----------------------------------------------------------------
+
+def _waiting(name: str = "later") -> Sub:
+    return Sub(pattern="orders", queue=name, raw_delivery=True, queue_must_exist=False)
+
+
+async def test_what_is_published_for_a_queue_not_created_yet_waits_for_it(conn, signer):
+    sub = await topics.subscribe(conn, _waiting())
+    assert sub.queue == "later"
+    attrs = {"kind": {"DataType": "String", "StringValue": "created"}}
+    first = await topics.publish(conn, "orders", P("first", attributes=attrs, group_id="g"), signer=signer, urls=URLS)
+    assert first.queues == () and first.endpoints == 0
+    await topics.publish(conn, "orders", P("second"), signer=signer, urls=URLS)
+    held = await topics.delivery_list(conn, "held")
+    assert [d.payload for d in held] == ["first", "second"]
+    assert all(d.endpoint == "arn:aws:sqs:us-east-1:123456789012:later" and d.subscription_id == sub.id
+               and d.held_reason == "SQS queue 'later' does not exist: held until it is created" for d in held)
+    assert (await topics.deliveries_stats(conn)).held == 2
+    assert await topics.delivery_claim(conn, 10, 30) == []  # never the webhook worker's
+    assert await topics.delivery_retry(conn) == 0  # still no queue: still held
+    assert len(await topics.delivery_list(conn, "held")) == 2
+
+    await queues.create(conn, "later")  # delivers what waited, in publish order
+    got = await messages.receive(conn, "later", qty=10)
+    assert [m.body for m in got] == ["first", "second"]
+    assert got[0].group_id == "g" and got[0].headers["kind"]["StringValue"] == "created"
+    assert await topics.delivery_list(conn) == []
+    assert (await topics.subscription_get(conn, sub.id)).queue == "later"
+    third = await topics.publish(conn, "orders", P("third"), signer=signer, urls=URLS)
+    assert third.queues == ("later",)
+    assert await _bodies(conn, "later") == ["third"]
+
+
+async def test_a_fifo_queue_created_later_deduplicates_what_waited(conn, signer):
+    await topics.create(conn, "orders.fifo", {"ContentBasedDeduplication": "false"})
+    await topics.subscribe(conn, Sub(pattern="orders.fifo", queue="later.fifo", raw_delivery=True,
+                                     queue_must_exist=False))
+    for body in ("a", "a", "b"):
+        await topics.publish(conn, "orders.fifo", P(body, group_id="g"), signer=signer, urls=URLS)
+    await queues.create(conn, "later.fifo", {"content_based_deduplication": True})
+    assert [m.body for m in await messages.receive(conn, "later.fifo", qty=10)] == ["a", "b"]
+    with pytest.raises(errors.InvalidInput):  # a standard routing key does not feed a FIFO queue
+        await topics.subscribe(conn, Sub(pattern="orders", queue="other.fifo", queue_must_exist=False))
+
+
+async def test_unsubscribing_drops_what_waited_and_a_refused_message_stays_held(conn, signer):
+    sub = await topics.subscribe(conn, _waiting())
+    await topics.publish(conn, "orders", P("gone"), signer=signer, urls=URLS)
+    await topics.unsubscribe(conn, sub.id)
+    assert await topics.delivery_list(conn) == []
+
+    await topics.subscribe(conn, _waiting("small"))
+    await topics.publish(conn, "orders", P("x" * 2000), signer=signer, urls=URLS)
+    await topics.publish(conn, "orders", P("fits"), signer=signer, urls=URLS)
+    await queues.create(conn, "small", {"max_message_size": 1024})  # the queue is created all the same
+    assert await _bodies(conn, "small") == ["fits"]
+    [refused] = await topics.delivery_list(conn, "held")
+    assert refused.held_reason.startswith("SQS queue 'small' refused the message: ")
+    await queues.alter(conn, "small", {"max_message_size": 4096})
+    assert await topics.delivery_retry(conn, [refused.id]) == 1
+    assert await _bodies(conn, "small") == ["x" * 2000]
+
+
+async def test_a_queue_created_during_a_publish_gets_its_message(dsn, conn, signer):
+    """A publish that saw no queue holds its subscription's row until it commits; the
+    queue's creation waits for it and then takes the held message."""
+    await topics.subscribe(conn, _waiting())
+    async with await psycopg.AsyncConnection.connect(dsn) as tx:  # one transaction, left open
+        await topics.publish(tx, "orders", P("in flight"), signer=signer, urls=URLS)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+            creating = asyncio.create_task(queues.create(other, "later"))
+            await asyncio.sleep(0.5)
+            assert not creating.done()
+            await tx.commit()
+            await asyncio.wait_for(creating, 10)
+    assert await _bodies(conn, "later") == ["in flight"]
+    assert await topics.delivery_list(conn) == []
+
+
+async def test_a_publish_during_a_queue_creation_delivers_to_it(dsn, conn, signer):
+    """A queue being created (not yet committed) has linked the subscription: a publish
+    waits for it and then delivers into the queue directly."""
+    await topics.subscribe(conn, _waiting())
+    async with await psycopg.AsyncConnection.connect(dsn) as tx:
+        await queues.create(tx, "later")
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+            publishing = asyncio.create_task(topics.publish(other, "orders", P("after"), signer=signer, urls=URLS))
+            await asyncio.sleep(0.5)
+            assert not publishing.done()
+            await tx.commit()
+            assert (await asyncio.wait_for(publishing, 10)).queues == ("later",)
+    assert await _bodies(conn, "later") == ["after"]
+    assert await topics.delivery_list(conn) == []

@@ -42,6 +42,14 @@ async def receive(conn: Connection, queue: str, qty: int = 1, vt: int | None = N
     return sorted(rows, key=lambda m: m.id)
 
 
+async def receive_grouped(conn: Connection, queue: str, qty: int = 1, vt: int | None = None) -> list[types.Message]:
+    """Claim up to ``qty`` messages in group order, from groups with nothing in flight, on
+    a queue of either kind (on a standard queue, by the group ids its messages carry)."""
+    rows = await db.fetch_all(conn, "message_receive_fifo", {"queue": queue, "vt": vt, "qty": qty},
+                              row=types.Message)
+    return sorted(rows, key=lambda m: m.id)
+
+
 async def receive_attempt(conn: Connection, queue: str, attempt_id: str, qty: int = 1,
                           vt: int | None = None) -> list[types.Message]:
     """A FIFO receive that a retry with the same ``attempt_id`` repeats (for five minutes,

@@ -79,7 +79,9 @@ async def untag(conn: Connection, name: str, keys: Sequence[str]) -> dict[str, s
 async def subscribe(conn: Connection, spec: types.NewSubscription) -> types.Subscription:
     """Bind a pattern to a queue or endpoint. Subscribing the same (pattern, queue) or
     (pattern, endpoint) again returns the existing subscription unchanged. The filter
-    policy is validated here (errors.InvalidInput with SNS-like messages)."""
+    policy is validated here (errors.InvalidInput with SNS-like messages). A queue that
+    does not exist is errors.QueueNotFound, unless ``spec.queue_must_exist`` is False:
+    then publishes wait for it in the outbox, held, and go into it once it is created."""
     policy = None
     if spec.filter_policy is not None:
         policy = filter_policy.validate(spec.filter_policy, spec.filter_policy_scope)
@@ -93,6 +95,7 @@ async def subscribe(conn: Connection, spec: types.NewSubscription) -> types.Subs
         "filter_policy_scope": spec.filter_policy_scope,
         "attributes": dict(spec.attributes or {}),
         "confirmed": spec.confirmed,
+        "queue_must_exist": spec.queue_must_exist,
     }, row=types.Subscription)
 
 
@@ -234,9 +237,12 @@ async def publish(conn: Connection, routing_key: str, publication: types.Publica
     row = await db.fetch_one(conn, "topic_publish", {"routing_key": routing_key, "message": message})
     if row is None:
         raise errors.InternalError("topic_publish returned no row")
-    queues, endpoints, sequence_number = row
+    queues, endpoints, sequence_number, stored = row
+    copies = tuple(types.StoredCopy(queue=c["queue"], id=int(c["id"]), message_uuid=UUID(c["message_id"]))
+                   for c in stored or ())
     return types.Published(message_id=UUID(message["message_id"]), timestamp=message["timestamp"],
-                           queues=tuple(queues or ()), endpoints=int(endpoints), sequence_number=sequence_number)
+                           queues=tuple(queues or ()), endpoints=int(endpoints), sequence_number=sequence_number,
+                           messages=copies)
 
 
 # -- routing keys and patterns ----------------------------------------------------------------

@@ -55,6 +55,7 @@ COMMON_KINDS = [
     Kind("SignatureDoesNotMatch", "SignatureDoesNotMatch", 403),
     Kind("RequestEntityTooLarge", "RequestEntityTooLarge", 413),
     Kind("ServiceUnavailable", "ServiceUnavailable", 503, sender=False),
+    Kind("RequestTimeout", "RequestTimeout", 408, sender=False),  # SDKs retry it as transient
 ]
 
 

@@ -66,6 +66,7 @@ async def publish_event(request: Request) -> Response:
         "message_id": str(published.message_id), "queues_matched": published.queues_matched,
         "endpoints_matched": published.endpoints, "queues": list(published.queues),
         "sequence_number": published.sequence_number,
+        "messages": [{"queue": c.queue, "id": c.id, "message_id": str(c.message_uuid)} for c in published.messages],
     }, 201)
 
 

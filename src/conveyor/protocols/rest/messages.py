@@ -50,7 +50,7 @@ async def receive(request: Request) -> Response:
     q = req.query(request, models.ReceiveQuery)
     name = req.queue_name(request)
     b = broker(request)
-    got = await b.receive(name, types.ReceiveParams(qty=q.max, vt=q.vt, wait=q.wait))
+    got = await b.receive(name, types.ReceiveParams(qty=q.max, vt=q.vt, wait=q.wait, grouped=q.fifo))
     return render.json([render.message(m, b.receipts.encode(name, m.id, m.receive_count)) for m in got])
 
 

@@ -42,7 +42,9 @@ class QueueAttributes(_Strict):
 
 class QueueCreate(QueueAttributes):
     name: QueueName
-    fifo: bool | None = Field(None, description="must agree with the .fifo suffix if given")
+    fifo: bool | None = Field(None, description=(
+        "true creates a FIFO queue: a name without the .fifo suffix gets it (orders -> orders.fifo, the "
+        "queue's one name in REST paths, SQS and SQL); false refuses a name ending in .fifo"))
 
 
 class Queue(BaseModel):
@@ -56,6 +58,8 @@ class Queue(BaseModel):
     max_receive_count: int | None
     dead_letter_queue: str | None
     content_based_deduplication: bool
+    is_partitioned: bool = Field(description="stored in partitions of its own (no queue is yet)")
+    is_unlogged: bool = Field(description="stored unlogged: faster, emptied by a crash (no queue is yet)")
     created_at: datetime
     updated_at: datetime
 
@@ -115,6 +119,10 @@ class ReceiveQuery(_Strict):
     max: Annotated[int, Field(ge=1, le=1000, description="messages to receive at most")] = 1
     vt: Annotated[int, Field(ge=0, le=43200, description="seconds to hide them; default: the queue's")] | None = None
     wait: Annotated[float, Field(ge=0, le=20, description="long-poll seconds; default: the queue's")] | None = None
+    fifo: bool = Field(False, description=(
+        "read in group order, one message group to one consumer at a time (seed 000's receive_fifo): on a "
+        "standard queue by the group_id its messages carry, messages without one forming one group; a FIFO "
+        "queue is always read this way"))
 
 
 class DeleteBatch(_Strict):
@@ -405,12 +413,19 @@ class PublishIn(_StrictBody):
     dedup_id: GroupId | None = Field(None, description="FIFO routing keys: the deduplication id")
 
 
+class StoredCopy(BaseModel):
+    queue: str
+    id: int = Field(description="the message's id in that queue (for GET, DELETE and PATCH of messages)")
+    message_id: str
+
+
 class Published(BaseModel):
     message_id: str
     queues_matched: int
     endpoints_matched: int
     queues: list[str]
     sequence_number: str | None = None
+    messages: list[StoredCopy] = Field(description="the message stored in each matched queue")
 
 
 class EventSubscriptionIn(_StrictBody):

@@ -19,11 +19,24 @@ async def list_queues(request: Request) -> Response:
     return render.json([render.queue(q) for q in found])
 
 
+def _fifo_name(name: str, fifo: bool | None) -> str:
+    """The queue's name: ``{"name": "orders", "fifo": true}`` is the FIFO queue
+    ``orders.fifo`` (a FIFO queue's name ends in .fifo on every surface: REST paths, SQS
+    queue URLs, SQL)."""
+    if not fifo or name.endswith(".fifo"):
+        return name
+    base = name.rpartition(":")[2]  # a region prefix (eu-west-1:orders) is not counted
+    if len(base) > 75:
+        raise errors.InvalidInput(f"invalid queue name {name!r}: a FIFO queue's name is at most 75 characters "
+                                  "before its .fifo suffix")
+    return name + ".fifo"
+
+
 async def create_queue(request: Request) -> Response:
     spec = await req.body(request, models.QueueCreate)
     attributes = spec.model_dump(exclude_unset=True, exclude={"name"})
     async with broker(request).connection() as conn:
-        q = await queues.create(conn, spec.name, attributes)
+        q = await queues.create(conn, _fifo_name(spec.name, spec.fifo), attributes)
     return render.json(render.queue(q), 201, headers={"Location": f"/v1/queues/{q.name}"})
 
 

@@ -6,7 +6,8 @@ account; ``conveyor.protocols.aws.service.RegionScope`` says how Conveyor stores
 Queue URLs are ``{base_url}/{account_id}/{name}``; without a configured base URL the
 scheme and Host the client used build it, so URLs work behind any name or port. A
 QueueUrl in a request is resolved by its path alone, whatever its host, because
-clients send ``https://sqs.us-east-1.amazonaws.com/...`` and the like.
+clients send ``https://sqs.us-east-1.amazonaws.com/...`` and the like. A bare queue name
+(``QueueUrl="jobs"``) is a queue of the caller's account and region, as AWS takes it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Context(RegionScope):
         if not queue_url:
             raise SqsError("MissingParameter", "The request must contain the parameter QueueUrl.")
         parts = _url_parts(queue_url)
+        if len(parts) == 1 and "://" not in queue_url and is_valid_name(parts[0]):
+            return self.internal(parts[0])  # a bare queue name, as AWS takes it: the caller's account
         if len(parts) != 2:
             raise SqsError("QueueDoesNotExist", NO_QUEUE)
         account, name = parts

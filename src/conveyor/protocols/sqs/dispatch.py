@@ -15,7 +15,7 @@ from conveyor import errors
 from conveyor.protocols.aws import service, wire
 from conveyor.protocols.sqs import message_actions, move_task_actions, permission_actions, queue_actions, tag_actions
 from conveyor.protocols.sqs.context import Context
-from conveyor.protocols.sqs.errors import SqsError, from_conveyor
+from conveyor.protocols.sqs.errors import NO_QUEUE, NO_QUEUE_QUERY, SqsError, from_conveyor
 from conveyor.protocols.sqs.shapes import INPUT, NAMESPACE, OUTPUT
 
 log = logging.getLogger(__name__)
@@ -93,4 +93,6 @@ async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> R
     except Exception:
         log.exception("SQS request failed")
         failure = SqsError("InternalError", "We encountered an internal error. Please try again.")
+    if protocol == "query" and failure.message == NO_QUEUE:
+        failure = SqsError("QueueDoesNotExist", NO_QUEUE_QUERY)  # AWS's Query wording
     return wire.error(SERVICE, protocol, failure.info(), request_id)

@@ -37,6 +37,7 @@ KINDS = kinds(COMMON_KINDS, _KINDS)
 
 # AWS's wording for the common cases
 NO_QUEUE = "The specified queue does not exist."
+NO_QUEUE_QUERY = "The specified queue does not exist for this wsdl version."  # the Query protocol's
 
 
 class SqsError(AwsError):

@@ -55,16 +55,22 @@ def _outgoing(ctx: Context, q: types.Queue, entry: dict[str, Any]) -> tuple[type
     return message, size
 
 
-def _check_fifo(q: types.Queue, group: str | None, dedup: str | None, delay: int | None) -> None:
+def _check_fifo_ids(q: types.Queue, group: str | None, dedup: str | None) -> None:
+    """The ids a FIFO queue requires; in a batch, one entry without them fails the whole
+    request, as AWS does."""
     if group is None:
         raise missing("MessageGroupId")
-    if delay:
-        raise invalid_value("DelaySeconds", delay,
-                            "The request include parameter that is not valid for this queue type")
     if dedup is None and not q.content_based_deduplication:
         raise invalid_value("MessageDeduplicationId", "null",
                             "The queue should either have ContentBasedDeduplication enabled or "
                             "MessageDeduplicationId provided explicitly")
+
+
+def _check_fifo(q: types.Queue, group: str | None, dedup: str | None, delay: int | None) -> None:
+    _check_fifo_ids(q, group, dedup)
+    if delay:
+        raise invalid_value("DelaySeconds", delay,
+                            "The request include parameter that is not valid for this queue type")
     if dedup is not None and not _ASCII_ID.match(dedup):
         raise invalid_value("MessageDeduplicationId", dedup, "MessageDeduplicationId can contain up to 128 "
                             "alphanumeric and punctuation characters")
@@ -116,22 +122,42 @@ def _failure(entry_id: str, exc: SqsError) -> dict[str, Any]:
     return {"Id": entry_id, "SenderFault": exc.kind.sender, "Code": exc.kind.query_code, "Message": exc.message}
 
 
+def _raw_size(entry: dict[str, Any]) -> int:
+    """An entry's bytes as sent (body, attribute names, types and values), before it is
+    validated: what AWS adds up for a batch's size limit."""
+    def length(value: Any) -> int:
+        if isinstance(value, str):
+            return len(value.encode("utf-8", "surrogatepass"))
+        return len(value) if isinstance(value, (bytes, bytearray)) else 0
+
+    total = length(entry.get("MessageBody"))
+    attributes = entry.get("MessageAttributes")
+    for name, value in (attributes.items() if isinstance(attributes, dict) else ()):
+        total += length(name)
+        if isinstance(value, dict):
+            total += sum(length(value.get(k)) for k in ("DataType", "StringValue", "BinaryValue"))
+    return total
+
+
 async def send_message_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     queue = ctx.queue_from_url(p.get("QueueUrl"))
     entries = _check_entries(p.get("Entries"), "SendMessageBatchRequestEntry")
-    q = await ctx.broker.queue(queue)
-    valid, failed, total = [], [], 0
-    for entry in entries:
-        try:
-            message, size = _outgoing(ctx, q, entry)
-        except SqsError as exc:
-            failed.append(_failure(entry["Id"], exc))
-            continue
-        total += size
-        valid.append((entry["Id"], message))
+    total = sum(_raw_size(entry) for entry in entries)  # the whole request's size comes first
     if total > MAX_BATCH_BYTES:
         raise SqsError("BatchRequestTooLong", f"Batch requests cannot be longer than {MAX_BATCH_BYTES} bytes. "
                        f"You have sent {total} bytes.")
+    q = await ctx.broker.queue(queue)
+    if q.fifo:
+        for entry in entries:
+            _check_fifo_ids(q, entry.get("MessageGroupId"), entry.get("MessageDeduplicationId"))
+    valid, failed = [], []
+    for entry in entries:
+        try:
+            message, _ = _outgoing(ctx, q, entry)
+        except SqsError as exc:
+            failed.append(_failure(entry["Id"], exc))
+            continue
+        valid.append((entry["Id"], message))
     successful = []
     for (entry_id, message), outcome in zip(valid, await _send_all(ctx, queue, valid), strict=True):
         if isinstance(outcome, SqsError):
@@ -232,14 +258,22 @@ def _system_values(ctx: Context, m: types.Message) -> dict[str, str]:
 
 # -- deleting and changing visibility ------------------------------------------------------------
 
-async def delete_message(ctx: Context, p: dict[str, Any]) -> None:
+async def _existing_queue(ctx: Context, p: dict[str, Any]) -> str:
+    """The queue a request names, checked to exist before its receipt handles are read
+    (AWS answers NonExistentQueue for an unknown queue whatever the handles are)."""
     queue = ctx.queue_from_url(p.get("QueueUrl"))
+    await ctx.broker.queue(queue)
+    return queue
+
+
+async def delete_message(ctx: Context, p: dict[str, Any]) -> None:
+    queue = await _existing_queue(ctx, p)
     # a handle of a delivery that is over deletes nothing (the newer one may) and succeeds
     await ctx.broker.delete(queue, [receipts.decode(ctx.broker, p.get("ReceiptHandle"), queue)])
 
 
 async def delete_message_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
-    queue = ctx.queue_from_url(p.get("QueueUrl"))
+    queue = await _existing_queue(ctx, p)
     entries = _check_entries(p.get("Entries"), "DeleteMessageBatchRequestEntry")
     deliveries, successful, failed = [], [], []
     for entry in entries:
@@ -266,7 +300,7 @@ def _not_in_flight() -> SqsError:
 
 
 async def change_message_visibility(ctx: Context, p: dict[str, Any]) -> None:
-    queue = ctx.queue_from_url(p.get("QueueUrl"))
+    queue = await _existing_queue(ctx, p)
     delivery = receipts.decode(ctx.broker, p.get("ReceiptHandle"), queue)
     vt = _visibility(p.get("VisibilityTimeout"))
     if not await ctx.broker.set_vt(queue, [delivery], vt, in_flight_only=True):
@@ -274,7 +308,7 @@ async def change_message_visibility(ctx: Context, p: dict[str, Any]) -> None:
 
 
 async def change_message_visibility_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
-    queue = ctx.queue_from_url(p.get("QueueUrl"))
+    queue = await _existing_queue(ctx, p)
     entries = _check_entries(p.get("Entries"), "ChangeMessageVisibilityBatchRequestEntry")
     by_vt: dict[int, list[tuple[str, types.MessageRef]]] = {}
     failed = []

@@ -27,7 +27,7 @@ from conveyor.protocols.sqs.errors import SqsError
 
 MAX_ATTRIBUTES = 10
 SYSTEM_ATTRIBUTES = ("AWSTraceHeader",)
-_NAME = re.compile(r"^[A-Za-z0-9_\-.]{1,256}$")
+_NAME = re.compile(r"^[\w\-.]{1,256}$")  # letters of any script (attr.1øßä), digits, _ - .
 _TYPE = re.compile(r"^(String|Number|Binary)(\.[^\s]{1,250})?$")
 # the characters a message may contain (#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD | #x10000-#x10FFFF)
 _INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -147,13 +147,14 @@ def from_headers(headers: Mapping[str, Any] | None) -> dict[str, dict[str, str]]
 
 
 def select(attributes: Mapping[str, dict[str, str]], names: Iterable[str] | None) -> dict[str, dict[str, str]]:
-    """The attributes a receive asked for: names, ``All`` or ``.*``, or ``prefix.*``."""
+    """The attributes a receive asked for: names, ``All`` (or ``*``, ``.*``), or ``prefix.*``
+    (every name that starts with ``prefix``)."""
     wanted = list(names or [])
     if not wanted:
         return {}
-    if "All" in wanted or ".*" in wanted:
+    if "All" in wanted or ".*" in wanted or "*" in wanted:
         return dict(attributes)
-    prefixes = tuple(n[:-1] for n in wanted if n.endswith(".*"))
+    prefixes = tuple(n[:-2] for n in wanted if n.endswith(".*"))  # "Hel.*": Hello and Help.Me
     exact = set(wanted)
     return {k: v for k, v in attributes.items() if k in exact or (prefixes and k.startswith(prefixes))}
 

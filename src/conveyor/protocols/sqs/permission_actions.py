@@ -12,10 +12,12 @@ from typing import Any
 
 from conveyor.core import queues
 from conveyor.protocols.sqs.context import Context
-from conveyor.protocols.sqs.errors import invalid_value, missing
+from conveyor.protocols.sqs.errors import SqsError, invalid_value, missing
 
 ACTIONS = {"*", "ChangeMessageVisibility", "DeleteMessage", "GetQueueAttributes", "GetQueueUrl",
            "ListDeadLetterSourceQueues", "PurgeQueue", "ReceiveMessage", "SendMessage"}
+OWNER_ONLY = {"AddPermission", "CreateQueue", "DeleteQueue", "ListQueues", "RemovePermission", "SetQueueAttributes"}
+MAX_ACTIONS = 7
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 
 
@@ -42,15 +44,20 @@ async def add_permission(ctx: Context, p: dict[str, Any]) -> None:
     if not label:
         raise missing("Label")
     if not accounts:
-        raise missing("AWSAccountId.1")
+        raise missing("AWSAccountIds")
     if not actions:
-        raise missing("ActionName.1")
+        raise missing("Actions")
     if not _LABEL.match(label):
         raise invalid_value("Label", label, "Label can contain up to 80 alphanumeric characters, hyphens and "
                             "underscores")
+    if len(actions) > MAX_ACTIONS:
+        raise SqsError("OverLimit", f"{len(actions)} Actions were found, maximum allowed is {MAX_ACTIONS}.")
     for action in actions:
+        if action in OWNER_ONLY:
+            raise invalid_value("ActionName", f"SQS:{action}", "Only the queue owner is allowed to invoke this action")
         if action not in ACTIONS:
-            raise invalid_value("ActionName", action, "Action is not valid")
+            raise invalid_value("ActionName", f"SQS:{action}",
+                                "Please refer to the appropriate WSDL for a list of valid actions")
     for account in accounts:
         if not re.fullmatch(r"\d{12}", account):
             raise invalid_value("AWSAccountId", account, "An AWS account id is 12 digits")

@@ -1,5 +1,5 @@
--- Queries over the topic functions of migration 0005: topics, subscriptions, publish,
--- the webhook outbox and the signing key. Every parameter is cast so NULLs get a type.
+-- Queries over the topic functions of migrations 0005 and 0008: topics, subscriptions,
+-- publish, the webhook outbox and the signing key. Every parameter is cast so NULLs get a type.
 
 -- name: topic_create
 SELECT * FROM conveyor.topic_create(%(name)s::text, %(attributes)s::jsonb, %(tags)s::jsonb)
@@ -23,7 +23,7 @@ SELECT conveyor.topic_tag(%(name)s::text, %(tags)s::jsonb)
 SELECT conveyor.topic_untag(%(name)s::text, %(keys)s::text[])
 
 -- name: topic_publish
-SELECT queues, endpoints, sequence_number FROM conveyor.topic_publish(%(routing_key)s::text, %(message)s::jsonb)
+SELECT queues, endpoints, sequence_number, messages FROM conveyor.topic_publish(%(routing_key)s::text, %(message)s::jsonb)
 
 -- name: topic_pattern_matches
 SELECT conveyor.topic_pattern_matches(%(pattern)s::text, %(key)s::text)
@@ -32,10 +32,11 @@ SELECT conveyor.topic_pattern_matches(%(pattern)s::text, %(key)s::text)
 SELECT conveyor.filter_policy_matches(%(policy)s::jsonb, %(scope)s::text, %(attributes)s::jsonb, %(body)s::text)
 
 -- name: subscription_create
-SELECT * FROM conveyor.subscription_create(%(pattern)s::text, %(protocol)s::text, %(queue)s::text,
-                                           %(endpoint)s::text, %(raw_delivery)s::boolean,
-                                           %(filter_policy)s::jsonb, %(filter_policy_scope)s::text,
-                                           %(attributes)s::jsonb, %(confirmed)s::boolean)
+SELECT * FROM conveyor.subscription_create_v2(%(pattern)s::text, %(protocol)s::text, %(queue)s::text,
+                                              %(endpoint)s::text, %(raw_delivery)s::boolean,
+                                              %(filter_policy)s::jsonb, %(filter_policy_scope)s::text,
+                                              %(attributes)s::jsonb, %(confirmed)s::boolean,
+                                              %(queue_must_exist)s::boolean)
 
 -- name: subscription_delete
 SELECT conveyor.subscription_delete(%(ref)s::text)
