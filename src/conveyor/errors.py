@@ -12,14 +12,17 @@
     │   ├── ScheduleNotFound       (CVC01)
     │   ├── TopicNotFound          (CVN01)
     │   ├── SubscriptionNotFound   (CVN02)
-    │   └── DeliveryNotFound       (CVN03)
+    │   ├── DeliveryNotFound       (CVN03)
+    │   ├── PartitionedQueueNotFound (CVK01)
+    │   └── PartitionMessageNotFound (CVK03)
     ├── Conflict                 409 — the request contradicts what is stored
     │   ├── QueueAlreadyExists     (CVQ02)
     │   ├── ScheduleAlreadyExists  (CVC02)
     │   ├── MessageNotInFlight     (CVM02)
     │   ├── StaleReceipt           — the message was delivered again since this receipt
     │   ├── BatchPartlyReceived    (CVS05) — a stream batch was not handed out whole
-    │   └── StagedRowsMissing      (CVP01) — a Spark write's staged rows were lost; nothing published
+    │   ├── StagedRowsMissing      (CVP01) — a Spark write's staged rows were lost; nothing published
+    │   └── LeaseNotHeld           (CVK02) — a partition's lease expired, was released or is another's
     ├── InvalidInput             400 — the request is malformed or out of range (CVV01)
     │   ├── DataException          (SQLSTATE class 22: bad encodings, numbers out of range)
     │   └── MessageTooLarge      413 (CVM01)
@@ -113,8 +116,20 @@ class DeliveryNotFound(NotFound, sqlstate="CVN03"):
     pass
 
 
+class PartitionedQueueNotFound(NotFound, sqlstate="CVK01"):
+    pass
+
+
+class PartitionMessageNotFound(NotFound, sqlstate="CVK03"):
+    pass
+
+
 class Conflict(ConveyorError):
     pass
+
+
+class LeaseNotHeld(Conflict, sqlstate="CVK02"):
+    """An acknowledgement under a lease that is no longer the caller's (fencing)."""
 
 
 class QueueAlreadyExists(Conflict, sqlstate="CVQ02"):

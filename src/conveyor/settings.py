@@ -15,6 +15,25 @@ AUTH_MODES = ("none", "header", "token", "jwt")
 ROLES = ("read", "write", "admin")
 
 
+FUSED_OPERATIONS = ("send", "receive", "delete", "push", "pop", "ack", "renew")
+
+
+def parse_fusion_policies(value: str) -> dict[str, tuple[int, float]]:
+    """``push=50/20,pop=20/5``: per operation, the preferred batch and the longest hold
+    (milliseconds), as seed 004's QUEEN_<TYPE>_* settings."""
+    found: dict[str, tuple[int, float]] = {}
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        op, sep, rest = part.partition("=")
+        size, slash, hold = rest.partition("/")
+        if not sep or not slash or op.strip() not in FUSED_OPERATIONS:
+            raise ValueError(f"expected op=size/hold_ms with op one of {', '.join(FUSED_OPERATIONS)}, got {part!r}")
+        preferred, hold_ms = int(size), float(hold)
+        if not 1 <= preferred <= 10000 or not 0 <= hold_ms <= 1000:
+            raise ValueError(f"a preferred batch is 1 to 10000 and a hold 0 to 1000 ms, got {part!r}")
+        found[op.strip()] = (preferred, hold_ms / 1000.0)
+    return found
+
+
 def _bool(value: str) -> bool:
     v = value.strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -112,7 +131,12 @@ class Settings:
     jwt_leeway: float = 0.0
     fusion: bool = True
     fusion_max_batch: int = 500
-    fusion_max_inflight: int = 2
+    fusion_max_inflight: int = 2  # calls in flight per key (the start, with vegas)
+    fusion_concurrency: str = "static"  # or "vegas": adaptive calls in flight (server/fusion.py)
+    fusion_vegas_max: int = 16
+    # per operation (send, receive, delete, push, pop, ack, renew): hold for a preferred
+    # batch size or a maximum time; by default a batch goes as soon as a slot is free
+    fusion_policies: Mapping[str, tuple[int, float]] = field(default_factory=dict)  # op: (preferred, hold s)
     # admission control (docs/operations.md, "Overload"): what a process accepts before it
     # answers with the protocol's throttling error instead of queueing more
     fusion_max_pending: int = 10000  # messages (or receive slots) waiting in one fuser
@@ -126,6 +150,11 @@ class Settings:
     depth_scrape_interval: float = 15.0
     shutdown_timeout: float = 10.0
     log_level: str = "info"
+    queen_port: int | None = None  # also serve on this port (Queen's default: 6632)
+    log_format: str = "text"  # or "json": one JSON object per line (conveyor.logs)
+    # a request still running after this many seconds is answered 408 (0: never); time a
+    # long poll spends waiting for messages does not count
+    request_timeout: float = 30.0
     stream_tick_interval: float = 0.5
     stream_maint_interval: float = 30.0
     stream_vacuum_interval: float = 300.0
@@ -152,12 +181,22 @@ class Settings:
         if self.auth_mode == "jwt" and not (self.jwt_secret or self.jwt_public_key):
             raise ValueError("auth mode 'jwt' needs CONVEYOR_JWT_SECRET (HS256) or CONVEYOR_JWT_PUBLIC_KEY "
                              "(RS256, EdDSA)")
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log format must be text or json, got {self.log_format!r}")
+        if self.request_timeout < 0:
+            raise ValueError(f"request timeout must be >= 0 seconds (0: none), got {self.request_timeout}")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"port must be from 1 to 65535, got {self.port}")
+        if self.queen_port is not None and (not 1 <= self.queen_port <= 65535 or self.queen_port == self.port):
+            raise ValueError(f"the Queen port must be from 1 to 65535 and not the server's port, got {self.queen_port}")
         if not 1 <= self.workers <= 64:
             raise ValueError(f"workers must be from 1 to 64, got {self.workers}")
         if self.pool_min < 1 or self.pool_max < self.pool_min:
             raise ValueError("pool sizes need 1 <= pool_min <= pool_max")
+        if self.fusion_concurrency not in ("static", "vegas"):
+            raise ValueError(f"fusion concurrency must be static or vegas, got {self.fusion_concurrency!r}")
+        if self.fusion_max_inflight < 1 or self.fusion_vegas_max < self.fusion_max_inflight:
+            raise ValueError("fusion_max_inflight must be at least 1 and at most fusion_vegas_max")
         if self.fusion_max_pending < 1 or self.pool_max_waiting < 1 or self.max_requests < 1:
             raise ValueError("fusion_max_pending, pool_max_waiting and max_requests must be at least 1")
         if not re.fullmatch(r"[a-z0-9-]{1,32}", self.region):
@@ -190,6 +229,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "host": ("CONVEYOR_HOST", str),
     "port": ("CONVEYOR_PORT", int),
     "workers": ("CONVEYOR_WORKERS", int),
+    "queen_port": ("CONVEYOR_QUEEN_PORT", int),
     "pool_min": ("CONVEYOR_POOL_MIN", int),
     "pool_max": ("CONVEYOR_POOL_MAX", int),
     "migrate": ("CONVEYOR_MIGRATE", _bool),
@@ -206,6 +246,9 @@ _ENV: dict[str, tuple[str, Any]] = {
     "fusion": ("CONVEYOR_FUSION", _bool),
     "fusion_max_batch": ("CONVEYOR_FUSION_MAX_BATCH", int),
     "fusion_max_inflight": ("CONVEYOR_FUSION_MAX_INFLIGHT", int),
+    "fusion_concurrency": ("CONVEYOR_FUSION_CONCURRENCY", str),
+    "fusion_vegas_max": ("CONVEYOR_FUSION_VEGAS_MAX", int),
+    "fusion_policies": ("CONVEYOR_FUSION_POLICY", lambda v: parse_fusion_policies(v)),
     "fusion_max_pending": ("CONVEYOR_FUSION_MAX_PENDING", int),
     "pool_max_waiting": ("CONVEYOR_POOL_MAX_WAITING", int),
     "max_requests": ("CONVEYOR_MAX_REQUESTS", int),
@@ -216,6 +259,8 @@ _ENV: dict[str, tuple[str, Any]] = {
     "depth_scrape_interval": ("CONVEYOR_DEPTH_SCRAPE_INTERVAL", float),
     "shutdown_timeout": ("CONVEYOR_SHUTDOWN_TIMEOUT", float),
     "log_level": ("CONVEYOR_LOG_LEVEL", str),
+    "log_format": ("CONVEYOR_LOG_FORMAT", str),
+    "request_timeout": ("CONVEYOR_REQUEST_TIMEOUT", float),
     "stream_tick_interval": ("CONVEYOR_STREAM_TICK_INTERVAL", float),
     "stream_maint_interval": ("CONVEYOR_STREAM_MAINT_INTERVAL", float),
     "stream_vacuum_interval": ("CONVEYOR_STREAM_VACUUM_INTERVAL", float),

@@ -41,6 +41,10 @@ class Queue:
     extra_attributes: dict[str, Any] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     purged_at: datetime | None = None
+    # storage kinds (seed 000's is_partitioned / is_unlogged): every queue lives in the
+    # shared, logged messages table until partitioned and unlogged queue kinds exist
+    partitioned: bool = False
+    unlogged: bool = False
 
     def attributes(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in QUEUE_ATTRIBUTES}
@@ -240,6 +244,9 @@ class ReceiveParams:
     # FIFO queues: a repeatable receive (SQS ReceiveRequestAttemptId); a retry with the same
     # id gets the same messages again for five minutes, long poll or not
     attempt_id: str | None = None
+    # in group order, one group to one consumer at a time, whatever the queue's kind (a
+    # FIFO queue is always read so): seed 000's receive_fifo, REST ?fifo=true
+    grouped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,6 +415,7 @@ class NewSubscription:
     filter_policy_scope: str = "MessageAttributes"
     attributes: dict[str, Any] | None = None  # other SNS attributes, kept as given
     confirmed: bool = True
+    queue_must_exist: bool = True  # False: an sqs subscription may name a queue yet to be created
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,16 +483,27 @@ class TopicUrls:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredCopy:
+    """The message a publish stored in one queue (a FIFO queue that dropped it as a
+    duplicate: the one it kept)."""
+
+    queue: str
+    id: int
+    message_uuid: UUID
+
+
+@dataclass(frozen=True, slots=True)
 class Published:
     """What a publish delivered: the message id, the queues it landed in (a FIFO queue
-    that dropped it as a duplicate still counts), and how many webhook deliveries were
-    queued."""
+    that dropped it as a duplicate still counts), the message stored in each, and how
+    many webhook deliveries were queued."""
 
     message_id: UUID
     timestamp: str
     queues: tuple[str, ...]
     endpoints: int
     sequence_number: str | None = None
+    messages: tuple[StoredCopy, ...] = ()
 
     @property
     def queues_matched(self) -> int:
@@ -530,3 +549,58 @@ class DeliveryStats:
 def field_names(cls: type) -> tuple[str, ...]:
     """Names of a dataclass's fields (used to map rows onto value types)."""
     return tuple(f.name for f in dataclasses.fields(cls))
+
+
+# -- partitioned queues (seed 004's model; migration 0009) ----------------------------------
+
+QUEUE_MODE_GROUP = "__QUEUE_MODE__"  # the consumer group of pops that name none (queue mode)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionedQueue:
+    """A partitioned queue's configuration (``conveyor.pqueues``)."""
+
+    id: int
+    name: str
+    namespace: str | None
+    task: str | None
+    lease_time: int
+    retry_limit: int
+    priority: int
+    delayed_processing: int
+    window_buffer: int
+    max_wait_time_seconds: int
+    retention_seconds: int
+    completed_retention_seconds: int
+    encryption_enabled: bool
+    dlq_after_max_retries: bool
+    options: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroup:
+    """A consumer group of a partitioned queue and where it starts."""
+
+    queue_id: int
+    name: str
+    mode: str
+    start_at: datetime | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupLag:
+    """A group's backlog on one queue (``conveyor.consumer_group_lag``)."""
+
+    queue: str
+    consumer_group: str
+    mode: str
+    start_at: datetime | None
+    created_at: datetime
+    lag: int
+    partitions_behind: int
+    leases: int
+    oldest_pending_at: datetime | None
+    last_consumed_at: datetime | None

@@ -6,12 +6,14 @@ requests in token mode with a wrong bearer token."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import botocore
 import botocore.exceptions
 import httpx
 import pytest
+from queen import Queen
 
 from support.server import ServerProcess
 from support.sns_clients import sns_client
@@ -23,7 +25,7 @@ CREDENTIALS = "AKIDCONVEYORTEST:good-secret,AKIDREADER:reader-secret:read"
 # (mode, AWS credentials configured)
 SERVERS = [("none", False), ("none", True), ("header", False), ("header", True), ("token", False), ("token", True)]
 KINDS = ("unsigned", "wrong", "correct")
-PROTOCOLS = ("rest", "sqs-json", "sqs-query", "sns-json", "sns-query")
+PROTOCOLS = ("rest", "queen", "sqs-json", "sqs-query", "sns-json", "sns-query")
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def servers(module_dsn):
 
 def expected(protocol: str, mode: str, creds: bool, kind: str) -> str | None:
     """The refusal code a request gets, None if it is served."""
-    if protocol == "rest":
+    if protocol in ("rest", "queen"):
         if mode == "none" or kind == "correct" or (mode == "header" and kind == "wrong"):
             return None
         return "Unauthorized"
@@ -63,6 +65,9 @@ def call(url: str, protocol: str, kind: str) -> str | None:
                    "correct": {"Authorization": "Bearer good-token"}}[kind]
         r = httpx.get(url + "/v1/queues", headers=headers)
         return None if r.status_code == 200 else r.json()["code"]
+    if protocol == "queen":  # Queen's own client, as its users configure it
+        token = {"unsigned": None, "wrong": "wrong", "correct": "good-token"}[kind]
+        return asyncio.run(_queen_call(url, token))
     service, wire = protocol.split("-")
     config = {"signature_version": botocore.UNSIGNED} if kind == "unsigned" else {}
     secret = "wrong-secret" if kind == "wrong" else "good-secret"
@@ -77,6 +82,16 @@ def call(url: str, protocol: str, kind: str) -> str | None:
     except botocore.exceptions.ClientError as exc:
         assert exc.response["ResponseMetadata"]["HTTPStatusCode"] == 403
         return exc.response["Error"]["Code"]
+    return None
+
+
+async def _queen_call(url: str, token: str | None) -> str | None:
+    async with Queen(url, bearer_token=token, retry_attempts=1) as q:
+        try:
+            await q.admin.get_overview()
+        except httpx.HTTPStatusError as exc:
+            assert exc.response.status_code == 403
+            return str(exc.response.json()["code"])
     return None
 
 
@@ -162,3 +177,16 @@ def test_open_paths_stay_open_and_everything_else_is_covered(servers):
     for path in ("/v1/queues", "/v1/nothing-here", "/api/v1/resources/queues", "/anything"):
         r = httpx.get(server.url + path, headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 403, (path, r.status_code)
+
+
+def test_queen_roles(servers):
+    """Queen's access levels through the same tokens: read reads, only write pushes and
+    pops, only admin configures."""
+    url = servers[("token", False)].url
+    reader = {"Authorization": "Bearer reader-token"}
+    assert httpx.get(url + "/api/v1/resources/overview", headers=reader).status_code == 200
+    for method, path, body in (("POST", "/api/v1/push", {"items": [{"queue": "ro", "payload": 1}]}),
+                               ("GET", "/api/v1/pop/queue/ro", None),
+                               ("POST", "/api/v1/configure", {"queue": "ro"})):
+        r = httpx.request(method, url + path, json=body, headers=reader)
+        assert r.status_code == 403 and r.json()["code"] == "PermissionDenied", (path, r.text)

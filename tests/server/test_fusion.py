@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from conveyor import errors
-from conveyor.server.fusion import Fuser
+from conveyor.server.fusion import BatchPolicy, Fuser, Static, Vegas
 
 
 class Recorder:
@@ -113,3 +113,39 @@ async def test_pending_work_is_bounded_and_the_excess_refused_at_once():
     # two lanes run one call each inline, ten units (five requests) wait: the rest is refused
     assert len(served) == 7 and fuser._pending == 0
     assert await fuser.submit("q0", [1]) == [10]  # drained: accepted again
+
+
+async def test_a_batch_policy_holds_for_the_preferred_size():
+    run = Recorder(delay=0.001)
+    fuser = Fuser(run, max_inflight=4, size=len, policy=BatchPolicy(preferred=5, max_hold=10.0))
+    results = await asyncio.gather(*(fuser.submit("q", [i]) for i in range(5)))
+    assert results == [[i * 10] for i in range(5)]
+    assert run.calls == [[[0], [1], [2], [3], [4]]]  # held until five waited, then one call
+
+
+async def test_a_batch_policy_sends_what_waits_after_the_maximum_hold():
+    run = Recorder(delay=0.001)
+    fuser = Fuser(run, max_inflight=4, size=len, policy=BatchPolicy(preferred=100, max_hold=0.05))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await asyncio.gather(fuser.submit("q", [1]), fuser.submit("q", [2])) == [[10], [20]]
+    assert 0.04 <= loop.time() - started < 1.0
+    assert run.calls == [[[1], [2]]]
+
+
+def test_vegas_grows_while_calls_do_not_queue_and_shrinks_when_they_do():
+    vegas = Vegas(current=2, highest=10)
+    for _ in range(20):
+        vegas.observe(0.010)  # every call as fast as the fastest: nothing queues
+    assert vegas.limit() == 10
+    for _ in range(20):
+        vegas.observe(0.040)  # four times the base round trip: calls wait in the database
+    assert vegas.limit() < 10
+    assert Static(3).limit() == 3
+
+
+async def test_vegas_controls_calls_in_flight_per_key():
+    run = Recorder(delay=0.005)
+    fuser = Fuser(run, size=len, concurrency=lambda: Vegas(current=1, highest=4))
+    await asyncio.gather(*(fuser.submit("q", [i]) for i in range(200)))
+    assert 1 <= fuser.controller("q").limit() <= 4

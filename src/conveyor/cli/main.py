@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-import sys
+import os
 
 import click
 
 import conveyor
+from conveyor import logs
 from conveyor.settings import Settings
 
 
@@ -60,8 +60,8 @@ def _register() -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    fmt = os.environ.get("CONVEYOR_LOG_FORMAT") or "text"
+    logs.configure(fmt if fmt in logs.FORMATS else "text")  # Settings reports a bad value
     _register()
     cli(prog_name="conveyor")
 

@@ -62,6 +62,12 @@ def translated() -> Iterator[None]:
         raise translate(exc) from exc
 
 
+def jsonb(value: Any) -> Any:
+    """A parameter passed as one jsonb value whatever it is (a list of objects would
+    otherwise go as a jsonb[] array)."""
+    return Jsonb(value)
+
+
 def _adapt(value: Any) -> Any:
     if isinstance(value, Mapping):
         return Jsonb(value)

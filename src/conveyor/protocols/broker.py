@@ -56,3 +56,16 @@ class Broker(Protocol):
         """Fan a message out to the routing key's subscriptions (signed with the server's
         SNS key); answers once committed. ``topic`` names an existing SNS topic for the
         metrics; routing keys (any string a client writes) share one series."""
+
+    # Partitioned queues (seed 004's model): JSON documents in Queen's field names, see
+    # conveyor.core.partitioned. Pushes, acks and renewals may be fused with other requests.
+    async def pq_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
+
+    async def pq_pop(self, request: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
+        """One pop, long-polling up to ``wait`` seconds without holding a connection."""
+
+    async def pq_ack(self, acks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
+
+    async def pq_renew(self, leases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
+
+    async def pq_transaction(self, operations: Sequence[dict[str, Any]]) -> dict[str, Any]: ...

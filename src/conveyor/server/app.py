@@ -23,10 +23,11 @@ from conveyor.db.pool import Database
 from conveyor.protocols import auth, jwt_tokens
 from conveyor.protocols.aws import gateway as aws_gateway
 from conveyor.protocols.aws import service as aws_service
+from conveyor.protocols.queen import routes as queen
 from conveyor.protocols.rest import render
 from conveyor.protocols.rest import routes as rest
 from conveyor.protocols.sns import certificate as sns_certificate
-from conveyor.server import health, middleware, scheduler, webhooks, workers
+from conveyor.server import deadline, health, middleware, scheduler, webhooks, workers
 from conveyor.server.broker import ServerBroker
 from conveyor.server.metrics import Metrics
 from conveyor.server.supervisor import Supervisor
@@ -43,6 +44,12 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 async def _aws_throttled(scope: Scope, receive: Receive, send: Send) -> None:
     response = aws_gateway.unread(Request(scope, receive), "Throttled",
                                   "The server is overloaded: too many requests in progress; retry later.")
+    await response(scope, receive, send)
+
+
+async def _aws_timeout(scope: Scope, receive: Receive, send: Send) -> None:
+    response = aws_gateway.unread(Request(scope, receive), "RequestTimeout",
+                                  "The request took longer than the server's request timeout; retry it.")
     await response(scope, receive, send)
 
 
@@ -148,20 +155,25 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
 
     v1 = rest.app(broker, conveyor.__version__)
     v1.add_exception_handler(Exception, _internal_error)
+    queen_v1 = queen.app(broker)
+    queen_v1.add_exception_handler(Exception, _internal_error)
     app = App(
-        aws=middleware.Telemetry(middleware.Admission(
-            middleware.BodyLimit(_aws_endpoint, limit=settings.max_request_bytes), gate, _aws_throttled, metrics),
-            metrics),
+        aws=middleware.Telemetry(middleware.Admission(deadline.Deadline(
+            middleware.BodyLimit(_aws_endpoint, limit=settings.max_request_bytes),
+            settings.request_timeout, _aws_timeout, metrics), gate, _aws_throttled, metrics), metrics),
         routes=[
             Route("/livez", health.livez, methods=["GET"]),
             Route("/readyz", health.readyz, methods=["GET"]),
             Route("/metrics", health.metrics, methods=["GET"]),
             Mount("/v1", v1),
+            Mount("/api/v1", queen_v1),  # Queen's HTTP API (docs/queen.md)
             Route("/SimpleNotificationService.pem", sns_certificate.certificate, methods=["GET"]),
         ],
         middleware=[
             Middleware(middleware.Telemetry, metrics=metrics),
             Middleware(middleware.Admission, gate=gate, refuse=middleware.refuse_rest, metrics=metrics),
+            Middleware(deadline.Deadline, seconds=settings.request_timeout, answer=deadline.answer_rest,
+                       metrics=metrics),
             Middleware(middleware.BodyLimit, limit=settings.max_request_bytes),
             Middleware(middleware.Auth, policy=policy),
         ],

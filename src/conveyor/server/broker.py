@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from conveyor import errors, types
-from conveyor.core import messages, queues, receipts, signing, streams, topics
+from conveyor.core import messages, partitioned, queues, receipts, signing, streams, topics
 from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
-from conveyor.server.fusion import Fuser
+from conveyor.server.fusion import BatchPolicy, Fuser, Static, Vegas
 from conveyor.server.metrics import Metrics
-from conveyor.server.waiters import WaiterHub, stream_key
+from conveyor.server.waiters import WaiterHub, partitioned_key, partitioned_queue, stream_key
 from conveyor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,19 @@ log = logging.getLogger(__name__)
 MAX_RECEIVE = 1000  # the SQL API's largest qty
 QUEUE_CACHE_SECONDS = 2.0
 QUEUE_CACHE_SIZE = 10000
+
+
+async def _first_woken(waiters: Sequence[Any], timeout: float) -> None:
+    """Sleep until one of ``waiters`` is woken, or ``timeout``."""
+    if len(waiters) == 1:
+        await waiters[0].wait(timeout)
+        return
+    tasks = [asyncio.ensure_future(w.wait(timeout)) for w in waiters]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 def _split(items: Sequence, sizes: Sequence[int]) -> list[list]:
@@ -43,11 +56,23 @@ class ServerBroker:
         self.fusers: dict[str, Fuser] = {}
         if settings.fusion:
             options = {"max_inflight": settings.fusion_max_inflight, "max_pending": settings.fusion_max_pending}
+            policy = {op: BatchPolicy(*p) for op, p in settings.fusion_policies.items()}
+
+            def fuser(kind: str, run: Any, max_batch: int, size: Any) -> Fuser:
+                return Fuser(run, max_batch=max_batch, size=size, policy=policy.get(kind, BatchPolicy()),
+                             concurrency=self._concurrency(settings), **options)
+
             self.fusers = {
                 "send": Fuser(self._send_fused, max_batch=settings.fusion_max_batch, size=len,
-                              on_flush=metrics.fusion_batch.observe, **options),
-                "receive": Fuser(self._receive_fused, max_batch=MAX_RECEIVE, size=lambda qty: qty, **options),
-                "delete": Fuser(self._delete_fused, max_batch=settings.fusion_max_batch, size=len, **options),
+                              on_flush=metrics.fusion_batch.observe, policy=policy.get("send", BatchPolicy()),
+                              concurrency=self._concurrency(settings), **options),
+                "receive": fuser("receive", self._receive_fused, MAX_RECEIVE, lambda qty: qty),
+                "delete": fuser("delete", self._delete_fused, settings.fusion_max_batch, len),
+                # partitioned queues: seed 004's operation types
+                "pq_push": fuser("push", self._pq_push_fused, settings.fusion_max_batch, len),
+                "pq_pop": fuser("pop", self._pq_pop_fused, 100, lambda _: 1),
+                "pq_ack": fuser("ack", self._pq_ack_fused, settings.fusion_max_batch, len),
+                "pq_renew": fuser("renew", self._pq_renew_fused, settings.fusion_max_batch, len),
             }
         self._queue_cache: dict[str, tuple[types.Queue, float]] = {}
         self.waiters = WaiterHub(database.dsn, self._mark_listened, listen_seconds=settings.listen_seconds,
@@ -55,6 +80,13 @@ class ServerBroker:
         self._signer: signing.Signer | None = None
         self._receipts: receipts.Keyring | None = None
         self._signer_lock = asyncio.Lock()
+
+    @staticmethod
+    def _concurrency(settings: Settings) -> Any:
+        """Each fused key's concurrency controller (CONVEYOR_FUSION_CONCURRENCY)."""
+        if settings.fusion_concurrency == "vegas":
+            return lambda: Vegas(current=float(settings.fusion_max_inflight), highest=settings.fusion_vegas_max)
+        return lambda: Static(settings.fusion_max_inflight)
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
@@ -97,12 +129,14 @@ class ServerBroker:
     # -- receive ---------------------------------------------------------------------
 
     async def _receive_db(self, queue: str, qty: int, vt: int | None,
-                          attempt_id: str | None = None) -> list[types.Message]:
+                          attempt_id: str | None = None, grouped: bool = False) -> list[types.Message]:
         async with self.database.connection() as conn:
-            if attempt_id is None:
-                ask = messages.receive(conn, queue, qty=qty, vt=vt)
-            else:  # recorded under the attempt id, whichever turn of a long poll gets them
+            if attempt_id is not None:  # recorded under the attempt id, whichever turn of a long poll gets them
                 ask = messages.receive_attempt(conn, queue, attempt_id, qty=qty, vt=vt)
+            elif grouped:
+                ask = messages.receive_grouped(conn, queue, qty=qty, vt=vt)
+            else:
+                ask = messages.receive(conn, queue, qty=qty, vt=vt)
             got = await self._timed(self.metrics.receive_duration, queue, ask)
         self.metrics.record_received(queue, got)
         return got
@@ -112,11 +146,11 @@ class ServerBroker:
         return _split(await self._receive_db(queue, sum(qtys), vt), qtys)
 
     async def _receive_once(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
-        # FIFO receives are never fused: one call may return several messages of a group,
-        # and a group must go to one consumer at a time
-        if "receive" in self.fusers and not queue.endswith(".fifo"):
+        # FIFO (and grouped) receives are never fused: one call may return several messages
+        # of a group, and a group must go to one consumer at a time
+        if "receive" in self.fusers and not queue.endswith(".fifo") and not params.grouped:
             return await self._fused("receive", (queue, params.vt), params.qty)
-        return await self._receive_db(queue, params.qty, params.vt, params.attempt_id)
+        return await self._receive_db(queue, params.qty, params.vt, params.attempt_id, params.grouped)
 
     async def receive(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
         started = time.monotonic()
@@ -158,9 +192,13 @@ class ServerBroker:
         self._queue_cache[name] = (q, time.monotonic() + QUEUE_CACHE_SECONDS)
         return q
 
-    async def _mark_listened(self, queue: str, seconds: int) -> None:
+    async def _mark_listened(self, key: str, seconds: int) -> None:
         async with self.database.connection() as conn:
-            await queues.listen(conn, queue, seconds)
+            pqueue = partitioned_queue(key)
+            if pqueue is not None:
+                await partitioned.listen(conn, pqueue, seconds)
+            else:
+                await queues.listen(conn, key, seconds)
 
     # -- streams -----------------------------------------------------------------------
 
@@ -191,6 +229,95 @@ class ServerBroker:
                                    after: int | None = None) -> list[types.StreamEvent]:
         async with self.database.connection() as conn:
             return await streams.receive(conn, stream, consumer, max_events, after)
+
+    # -- partitioned queues --------------------------------------------------------------
+
+    async def pq_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Push items (any queues, any partitions): one answer each, in order."""
+        if "pq_push" in self.fusers:
+            return await self._fused("pq_push", None, items)
+        return await self._pq_push_db(items)
+
+    async def _pq_push_db(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        async with self.database.connection() as conn:
+            return await partitioned.push(conn, items)
+
+    async def _pq_push_fused(self, _key: None, requests: Sequence[Sequence[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+        return _split(await self._pq_push_db([i for r in requests for i in r]), [len(r) for r in requests])
+
+    async def pq_pop(self, request: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
+        """One pop; with ``wait`` > 0, long-polls without holding a connection until a push
+        to one of the queues asked for (in any server process) or the time is up."""
+        started = time.monotonic()
+        got = await self._pq_pop_db(request)
+        wait = min(max(wait, 0.0), float(self.settings.max_wait_seconds))
+        if got["messages"] or wait <= 0 or self.waiters.closing:
+            return got
+        names = await self._pq_names(request)
+        group = request.get("consumerGroup") or types.QUEUE_MODE_GROUP
+        with contextlib.ExitStack() as stack:
+            waiters = [stack.enter_context(self.waiters.register(partitioned_key(n, group))) for n in names]
+            if not waiters:
+                return got
+            self.metrics.long_pollers.inc()
+            stack.callback(self.metrics.long_pollers.dec)
+            for name in names:
+                await self.waiters.ensure_marked(partitioned_key(name, group))
+            while True:
+                got = await self._pq_pop_db(request)
+                remaining = started + wait - time.monotonic()
+                if got["messages"] or remaining <= 0 or self.waiters.closing:
+                    return got
+                await _first_woken(waiters, remaining)
+
+    async def _pq_pop_db(self, request: dict[str, Any]) -> dict[str, Any]:
+        if "pq_pop" in self.fusers:
+            return await self._fused("pq_pop", None, request)
+        async with self.database.connection() as conn:
+            return await partitioned.pop(conn, request)
+
+    async def _pq_pop_fused(self, _key: None, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        async with self.database.connection() as conn:
+            return await partitioned.pop_many(conn, requests)
+
+    async def _pq_names(self, request: dict[str, Any]) -> list[str]:
+        """The queues a pop reads: the one it names, or those of its namespace/task."""
+        if request.get("queue"):
+            return [request["queue"]]
+        async with self.database.connection() as conn:
+            found = await partitioned.list_all(conn)
+        return [q.name for q in found
+                if (request.get("namespace") is None or q.namespace == request["namespace"])
+                and (request.get("task") is None or q.task == request["task"])]
+
+    async def pq_ack(self, acks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        if "pq_ack" in self.fusers:
+            return await self._fused("pq_ack", None, acks)
+        return await self._pq_ack_db(acks)
+
+    async def _pq_ack_db(self, acks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        async with self.database.connection() as conn:
+            return await partitioned.ack(conn, acks)
+
+    async def _pq_ack_fused(self, _key: None, requests: Sequence[Sequence[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+        return _split(await self._pq_ack_db([a for r in requests for a in r]), [len(r) for r in requests])
+
+    async def pq_renew(self, leases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        if "pq_renew" in self.fusers:
+            return await self._fused("pq_renew", None, leases)
+        return await self._pq_renew_db(leases)
+
+    async def _pq_renew_db(self, leases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        async with self.database.connection() as conn:
+            return await partitioned.renew(conn, leases)
+
+    async def _pq_renew_fused(self, _key: None, requests: Sequence[Sequence[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+        return _split(await self._pq_renew_db([x for r in requests for x in r]), [len(r) for r in requests])
+
+    async def pq_transaction(self, operations: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Acks and pushes in one transaction, never fused (all or nothing on its own)."""
+        async with self.database.connection() as conn:
+            return await partitioned.transaction(conn, operations)
 
     # -- topics ----------------------------------------------------------------------
 

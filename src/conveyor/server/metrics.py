@@ -99,6 +99,8 @@ class Metrics:
         self.admission_refused = Counter("conveyor_admission_refused_total", "Requests refused by admission "
                                          "control (answered with the protocol's throttling error)", ["stage"],
                                          registry=r)
+        self.request_timeouts = Counter("conveyor_request_timeouts_total", "Requests cancelled and answered 408 "
+                                        "after CONVEYOR_REQUEST_TIMEOUT (server/deadline.py)", registry=r)
         # background workers (server/supervisor.py)
         self.worker_up = Gauge("conveyor_worker_up", "1 while the background worker runs, 0 while it waits "
                                "to be started again after a failure", ["worker"], registry=r)

@@ -16,11 +16,13 @@ from conveyor.server.metrics import Metrics
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/v1/openapi.json", "/SimpleNotificationService.pem"})
 
 
-async def _reply(send: Send, status: int, error: str, code: str) -> None:
+async def reply(send: Send, status: int, error: str, code: str,
+                headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """A REST error answered from ASGI middleware (the REST API's error body)."""
     body = orjson.dumps({"error": error, "code": code})
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                            (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -89,7 +91,7 @@ class Auth:
         try:
             scope["conveyor.identity"] = self.policy.http(None if header is None else header.decode("latin-1"))
         except errors.Unauthorized as exc:
-            await _reply(send, 403, exc.message, "Unauthorized")
+            await reply(send, 403, exc.message, "Unauthorized")
             return
         await self.app(scope, receive, send)
 
@@ -135,13 +137,11 @@ class Admission:
 
 
 async def refuse_rest(scope: Scope, receive: Receive, send: Send) -> None:
-    """REST's answer to an overloaded server: 503, Retry-After, the REST error body."""
-    body = orjson.dumps({"error": "the server is overloaded: too many requests in progress; retry later",
-                         "code": "Throttled"})
-    await send({"type": "http.response.start", "status": 503,
-                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    """The answer to an overloaded server on the plain-HTTP APIs: REST's 503 with
+    Retry-After; for Queen's API (/api/), the 429 with Retry-After its clients back off on."""
+    status = 429 if scope["path"].startswith("/api/") else 503
+    await reply(send, status, "the server is overloaded: too many requests in progress; retry later", "Throttled",
+                ((b"retry-after", b"1"),))
 
 
 class BodyLimit:

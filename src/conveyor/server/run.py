@@ -55,6 +55,7 @@ def _config(app: object, settings: Settings) -> uvicorn.Config:
         http="httptools",
         lifespan="on",
         access_log=False,
+        log_config=None,  # uvicorn's records go through conveyor.logs' handler, text or JSON
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         # a backstop behind the app's own admission control (which answers in each
@@ -64,7 +65,18 @@ def _config(app: object, settings: Settings) -> uvicorn.Config:
     )
 
 
-def _serve_one(settings: Settings, dsn: str, sock: socket.socket | None = None) -> bool:
+def _sockets(settings: Settings) -> list[socket.socket]:
+    """The listening sockets: the server's port, and Queen's (``queen_port``) if asked for:
+    the same app answers on both."""
+    config = _config(None, settings)
+    sockets = [config.bind_socket()]
+    if settings.queen_port is not None:
+        config.port = settings.queen_port
+        sockets.append(config.bind_socket())
+    return sockets
+
+
+def _serve_one(settings: Settings, dsn: str, sockets: list[socket.socket] | None = None) -> bool:
     """Serve in this process until a signal; False if the server could not start."""
     app = create_app(settings, dsn)
     server = _Server(_config(app, settings), app.state.broker.shutting_down)
@@ -73,7 +85,7 @@ def _serve_one(settings: Settings, dsn: str, sock: socket.socket | None = None) 
     # embedded cluster) and make it exit 143 instead of 0.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in _STOP_SIGNALS}
     try:
-        server.run(sockets=[sock] if sock is not None else None)
+        server.run(sockets=sockets if sockets is not None else _sockets(settings))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -94,20 +106,21 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _worker(settings: Settings, dsn: str, sock: socket.socket) -> int:
+def _worker(settings: Settings, dsn: str, sockets: list[socket.socket]) -> int:
     """The body of a forked worker; its exit code."""
     os.setpgid(0, 0)  # signals come from the parent only, once (not also from the terminal)
     _die_with_parent()
     try:
-        return 0 if _serve_one(settings, dsn, sock) else 3
+        return 0 if _serve_one(settings, dsn, sockets) else 3
     except BaseException:
         log.exception("worker %d failed", os.getpid())
         return 1
 
 
 def _serve_workers(settings: Settings, dsn: str) -> bool:
-    sock = _config(None, settings).bind_socket()
-    sock.listen(2048)  # connections queue from now on, while the workers start
+    sockets = _sockets(settings)
+    for sock in sockets:
+        sock.listen(2048)  # connections queue from now on, while the workers start
     children: set[int] = set()
     stopping = False
     failed = False
@@ -135,7 +148,7 @@ def _serve_workers(settings: Settings, dsn: str) -> bool:
                     signal.signal(sig, handler)
                 code = 1
                 try:
-                    code = _worker(settings, dsn, sock)
+                    code = _worker(settings, dsn, sockets)
                 finally:
                     logging.shutdown()
                     os._exit(code)
@@ -156,5 +169,6 @@ def _serve_workers(settings: Settings, dsn: str) -> bool:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_all(signal.SIGKILL)  # only those still there after an error in the parent
-        sock.close()
+        for sock in sockets:
+            sock.close()
     return not failed

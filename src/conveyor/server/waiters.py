@@ -11,6 +11,10 @@ Stream consumers wait the same way, under the key ``stream:<name>``: the ticker 
 every tick on ``conveyor_stream`` and all waiters of that stream are woken (each is a
 different consumer with its own batch).
 
+Pops of a partitioned queue wait under one key per consumer group; a push's notification
+("<count> partitioned/<queue>", sent while the queue is marked with
+``conveyor.pqueue_listen``) wakes up to <count> waiters of every group of that queue.
+
 Messages can also become visible without a send (a visibility timeout or a delay runs
 out, or a send raced the mark): every ``poll_fallback`` seconds the hub wakes the oldest
 waiter of each queue so that it looks again. After the LISTEN connection is re-established
@@ -28,6 +32,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 from conveyor import errors
 from conveyor.db import listen
+from conveyor.server import deadline
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,22 @@ def stream_key(stream: str) -> str:
     return f"stream:{stream}"
 
 
+PARTITIONED = "partitioned/"  # pushes to a partitioned queue notify "<count> partitioned/<queue>"
+
+
+def partitioned_key(queue: str, group: str) -> str:
+    """The waiters of one consumer group of a partitioned queue: a push wakes up to
+    <count> of each group's (each group reads every message)."""
+    return f"{PARTITIONED}{queue}\x00{group}"
+
+
+def partitioned_queue(key: str) -> str | None:
+    """The partitioned queue a waiter key (or a notification's key) names, if it does."""
+    if not key.startswith(PARTITIONED):
+        return None
+    return key[len(PARTITIONED):].partition("\x00")[0]
+
+
 class Waiter:
     __slots__ = ("event",)
 
@@ -48,7 +69,8 @@ class Waiter:
     async def wait(self, timeout: float) -> bool:
         """Sleep until woken or ``timeout``; True if woken."""
         try:
-            await asyncio.wait_for(self.event.wait(), timeout)
+            with deadline.waiting(timeout):  # a long poll's wait is not the request's work
+                await asyncio.wait_for(self.event.wait(), timeout)
             return True
         except TimeoutError:
             return False
@@ -146,6 +168,11 @@ class WaiterHub:
         try:
             n = int(count)
         except ValueError:
+            return
+        if queue.startswith(PARTITIONED):
+            prefix = queue + "\x00"
+            for key in [k for k in self._waiters if k.startswith(prefix)]:
+                self.wake(key, n)
             return
         self.wake(queue, n)
 

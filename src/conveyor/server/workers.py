@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from conveyor import errors
-from conveyor.core import move_tasks, queues, streams
+from conveyor.core import move_tasks, partitioned, queues, streams
 from conveyor.db import pool
 from conveyor.db.pool import Database
 from conveyor.server import scheduler, webhooks
@@ -34,12 +34,15 @@ async def every(interval: float, name: str, job: Callable[[], Awaitable[object]]
 
 
 async def maintenance(database: Database, max_rounds: int = 10) -> None:
-    """Retention clean-up until a round removes nothing (at most ``max_rounds``)."""
+    """Retention clean-up until a round removes nothing (at most ``max_rounds``): queues,
+    then partitioned queues (retentionSeconds, completedRetentionSeconds)."""
     for _ in range(max_rounds):
         async with database.connection() as conn:
             removed = await queues.maintenance(conn)
         if not any(removed.values()):
-            return
+            break
+    async with database.connection() as conn:
+        await partitioned.maintain(conn)
 
 
 async def depth_scrape(database: Database, metrics: Metrics) -> None:

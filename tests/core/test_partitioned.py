@@ -1,0 +1,230 @@
+"""Partitioned queues (seed 004's model) against a real PostgreSQL: push idempotency,
+leases per (partition, group), acknowledgements with fencing, retries and dead letters,
+consumer groups, transactions."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import random
+
+import pytest
+
+from conveyor import errors
+from conveyor.core import partitioned as pq
+from conveyor.db import pool
+
+
+def _items(queue: str, partition: str, *txns: str) -> list[dict]:
+    return [{"queue": queue, "partition": partition, "payload": {"n": t}, "transactionId": t} for t in txns]
+
+
+def _acks(popped: dict, status: str = "completed", group: str | None = None, **extra) -> list[dict]:
+    return [{"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"],
+             "status": status, "consumerGroup": group, **extra} for m in popped["messages"]]
+
+
+async def test_push_is_idempotent_per_partition(conn):
+    first = await pq.push(conn, _items("orders", "p1", "a", "b", "a") + _items("orders", "p2", "a"))
+    assert [a["status"] for a in first] == ["queued", "queued", "duplicate", "queued"]
+    assert first[2]["messageId"] == first[0]["messageId"]  # a duplicate answers with the stored message
+    again = await pq.push(conn, _items("orders", "p1", "b", "c"))
+    assert [a["status"] for a in again] == ["duplicate", "queued"]
+    assert again[0]["messageId"] == first[1]["messageId"]
+    assert [a["seq"] for a in first + again] == [1, 2, 1, 1, 2, 3]
+    q = await pq.get(conn, "orders")
+    assert q is not None and q.lease_time == 300  # created by the push
+
+
+async def test_a_lease_gives_a_partition_to_one_worker(conn):
+    await pq.push(conn, _items("jobs", "a", "1", "2") + _items("jobs", "b", "3"))
+    first = await pq.pop(conn, {"queue": "jobs", "batch": 10})
+    assert [m["transactionId"] for m in first["messages"]] == ["1", "2"] and first["leaseId"]
+    second = await pq.pop(conn, {"queue": "jobs", "batch": 10})
+    assert [m["transactionId"] for m in second["messages"]] == ["3"]  # a is leased: b is next
+    assert (await pq.pop(conn, {"queue": "jobs", "batch": 10}))["messages"] == []
+    assert (await pq.pop(conn, {"queue": "jobs", "partition": "a", "batch": 10}))["messages"] == []
+    answers = await pq.ack(conn, _acks(first))
+    assert [a["outcome"] for a in answers] == ["completed", "completed"]
+    await pq.push(conn, _items("jobs", "a", "4"))
+    third = await pq.pop(conn, {"queue": "jobs", "partition": "a", "batch": 10})
+    assert [m["transactionId"] for m in third["messages"]] == ["4"]  # the lease ended with the last ack
+
+
+async def test_an_expired_lease_goes_to_another_worker_and_fences_the_first(conn):
+    await pq.configure(conn, "slow", {"leaseTime": 1})
+    await pq.push(conn, _items("slow", "p", "1", "2"))
+    first = await pq.pop(conn, {"queue": "slow", "batch": 10})
+    await pq.ack(conn, _acks(first)[:1])  # "1" is done; "2" is not when the lease runs out
+    await asyncio.sleep(1.2)
+    second = await pq.pop(conn, {"queue": "slow", "batch": 10})
+    assert [m["transactionId"] for m in second["messages"]] == ["2"]
+    late = await pq.ack(conn, _acks(first)[1:])
+    assert [(a["success"], a["error"]) for a in late] == [(False, "Invalid or expired lease")]
+    with pytest.raises(errors.LeaseNotHeld):
+        await pq.ack(conn, _acks(first)[1:], strict=True)
+    assert [a["outcome"] for a in await pq.ack(conn, _acks(second))] == ["completed"]
+
+
+async def test_renew_keeps_the_lease(conn):
+    await pq.configure(conn, "long", {"leaseTime": 1})
+    await pq.push(conn, _items("long", "p", "1"))
+    got = await pq.pop(conn, {"queue": "long"})
+    for _ in range(3):
+        await asyncio.sleep(0.5)
+        [renewed] = await pq.renew(conn, [{"leaseId": got["leaseId"]}])
+        assert renewed["expiresAt"] is not None
+    assert (await pq.pop(conn, {"queue": "long"}))["messages"] == []  # still held
+    assert [a["outcome"] for a in await pq.ack(conn, _acks(got))] == ["completed"]
+    [gone] = await pq.renew(conn, [{"leaseId": got["leaseId"]}])
+    assert gone["expiresAt"] is None
+
+
+async def test_out_of_order_acks_are_kept(conn):
+    await pq.configure(conn, "ooo", {"leaseTime": 1})
+    await pq.push(conn, _items("ooo", "p", "1", "2", "3"))
+    got = await pq.pop(conn, {"queue": "ooo", "batch": 3})
+    acks = _acks(got)
+    await pq.ack(conn, [acks[2]])  # the third, before the first two
+    await asyncio.sleep(1.2)
+    again = await pq.pop(conn, {"queue": "ooo", "batch": 3})
+    assert [m["transactionId"] for m in again["messages"]] == ["1", "2"]
+
+
+async def test_failures_retry_then_dead_letter(conn):
+    await pq.configure(conn, "flaky", {"retryLimit": 2})
+    await pq.push(conn, _items("flaky", "p", "1", "2"))
+    for attempt in range(3):
+        got = await pq.pop(conn, {"queue": "flaky", "batch": 1})
+        assert [m["transactionId"] for m in got["messages"]] == ["1"]
+        assert got["messages"][0]["retryCount"] == attempt
+        [answer] = await pq.ack(conn, _acks(got, "failed", error=f"boom {attempt}"))
+        assert answer["outcome"] == ("dlq" if attempt == 2 else "retry")
+    got = await pq.pop(conn, {"queue": "flaky", "batch": 1})
+    assert [m["transactionId"] for m in got["messages"]] == ["2"]
+    rows = await (await conn.execute(
+        "SELECT transaction_id, error, failures FROM conveyor.partition_dead_letters")).fetchall()
+    assert rows == [("1", "boom 2", 3)]
+    [[dlq_id]] = await (await conn.execute("SELECT id FROM conveyor.partition_dead_letters")).fetchall()
+    assert await pq.retry_dead_letters(conn, [dlq_id]) == 1
+    await pq.ack(conn, _acks(got))
+    again = await pq.pop(conn, {"queue": "flaky", "batch": 5})
+    assert [m["data"] for m in again["messages"]] == [{"n": "1"}]
+
+
+async def test_groups_have_their_own_positions(conn):
+    await pq.push(conn, _items("events", "p", "old"))
+    await pq.configure(conn, "events")
+    await pq.subscribe(conn, "events", "fresh", "new")
+    await pq.push(conn, _items("events", "p", "new"))
+    for group, want in (("audit", ["old", "new"]), ("fresh", ["new"]), (None, ["old", "new"])):
+        got = await pq.pop(conn, {"queue": "events", "consumerGroup": group, "batch": 10})
+        assert [m["transactionId"] for m in got["messages"]] == want, group
+        await pq.ack(conn, _acks(got, group=group))
+    lag = {g.consumer_group: g.lag for g in await pq.group_lag(conn, "events")}
+    assert lag == {"audit": 0, "fresh": 0, "__QUEUE_MODE__": 0}
+    # replay: move "audit" back before everything
+    assert await pq.seek(conn, "events", "audit", dt.datetime(2000, 1, 1, tzinfo=dt.UTC)) == 1
+    got = await pq.pop(conn, {"queue": "events", "consumerGroup": "audit", "batch": 10})
+    assert [m["transactionId"] for m in got["messages"]] == ["old", "new"]
+    assert await pq.delete_group(conn, "audit", "events") == 1
+    assert {g.consumer_group for g in await pq.group_lag(conn, "events")} == {"fresh", "__QUEUE_MODE__"}
+
+
+async def test_wildcard_pop_takes_several_partitions_under_one_lease(conn):
+    await pq.push(conn, [i for p in "abcd" for i in _items("many", p, f"{p}1", f"{p}2")])
+    got = await pq.pop(conn, {"queue": "many", "batch": 5, "maxPartitions": 3})
+    parts = {m["partition"] for m in got["messages"]}
+    assert len(got["messages"]) == 5 and len(parts) == 3
+    assert {m["leaseId"] for m in got["messages"]} == {got["leaseId"]}
+    rest = await pq.pop(conn, {"queue": "many", "batch": 10, "maxPartitions": 4})
+    assert {m["partition"] for m in rest["messages"]} == set("abcd") - parts
+
+
+async def test_priority_orders_queues_of_a_namespace(conn):
+    await pq.configure(conn, "low", {"priority": 1}, namespace="billing")
+    await pq.configure(conn, "high", {"priority": 9}, namespace="billing")
+    await pq.push(conn, _items("low", "p", "l") + _items("high", "p", "h"))
+    got = await pq.pop(conn, {"namespace": "billing", "batch": 1})
+    assert [m["queue"] for m in got["messages"]] == ["high"]
+
+
+async def test_a_transaction_is_all_or_nothing(conn):
+    await pq.push(conn, _items("in", "p", "1"))
+    got = await pq.pop(conn, {"queue": "in"})
+    [ack] = _acks(got)
+    bad = {**ack, "leaseId": "00000000-0000-0000-0000-000000000000"}
+    with pytest.raises(errors.LeaseNotHeld):
+        await pq.transaction(conn, [{"type": "push", "items": _items("out", "p", "r1")}, {"type": "ack", **bad}])
+    await conn.rollback()
+    assert await pq.get(conn, "out") is None  # the push was undone with the failed ack
+    done = await pq.transaction(conn, [{"type": "ack", **ack}, {"type": "push", "items": _items("out", "p", "r1")}])
+    assert [a["outcome"] for a in done["acks"]] == ["completed"]
+    assert [p["status"] for p in done["pushes"]] == ["queued"]
+
+
+async def test_concurrent_producers_committing_out_of_order_reach_every_group_once(dsn):
+    """Producers push to a few partitions in transactions that commit in random order
+    (some roll back) while workers of three groups pop and ack. Every committed message
+    reaches every group exactly once, in push order within its partition."""
+    async with pool.connect(dsn) as conn:
+        await pq.configure(conn, "prop", {"leaseTime": 30})
+    committed: dict[str, list[str]] = {p: [] for p in "xyz"}
+    lock = asyncio.Lock()
+    producing = True
+
+    async def producer(n: int) -> None:
+        async with pool.connect(dsn) as conn:
+            for i in range(15):
+                part = random.choice("xyz")
+                txns = [f"{n}-{i}-{k}" for k in range(random.randint(1, 3))]
+                rolled_back = random.random() < 0.2
+                async with conn.transaction() as tx:
+                    await pq.push(conn, _items("prop", part, *txns))
+                    await asyncio.sleep(random.random() / 50)  # hold the partition: others wait
+                    tx.force_rollback = rolled_back
+                if not rolled_back:
+                    async with lock:
+                        committed[part].extend(txns)
+
+    seen: dict[str, dict[str, list[str]]] = {g: {p: [] for p in "xyz"} for g in ("g1", "g2", "g3")}
+
+    async def worker(group: str) -> None:
+        async with pool.connect(dsn) as conn:
+            idle = 0
+            while idle < 20:
+                got = await pq.pop(conn, {"queue": "prop", "consumerGroup": group, "batch": random.randint(1, 4)})
+                if not got["messages"]:
+                    idle = idle + 1 if not producing else 0
+                    await asyncio.sleep(0.01)
+                    continue
+                for m in got["messages"]:
+                    seen[group][m["partition"]].append(m["transactionId"])
+                answers = await pq.ack(conn, _acks(got, group=group))
+                assert {a["outcome"] for a in answers} == {"completed"}
+
+    async def produce_all() -> None:
+        nonlocal producing
+        await asyncio.gather(*(producer(n) for n in range(4)))
+        producing = False
+
+    await asyncio.gather(produce_all(), *(worker(g) for g in ("g1", "g2", "g3", "g1", "g2", "g3")))
+    for group in seen:
+        for part in "xyz":
+            got, want = seen[group][part], committed[part]
+            assert got == want, (group, part, [t for t in want if t not in got], [t for t in got if t not in want],
+                                 len(got), len(want), len(set(got)))
+
+
+async def test_retention_removes_old_and_consumed_messages(conn):
+    await pq.configure(conn, "short", {"retentionSeconds": 1})
+    await pq.configure(conn, "done", {"completedRetentionSeconds": 1})
+    await pq.push(conn, _items("short", "p", "a") + _items("done", "p", "x", "y"))
+    got = await pq.pop(conn, {"queue": "done", "batch": 1})
+    await pq.ack(conn, _acks(got))  # "x" consumed by the only group; "y" not yet
+    await asyncio.sleep(1.1)
+    assert await pq.maintain(conn) == 2
+    left = await (await conn.execute("SELECT transaction_id FROM conveyor.partition_messages ORDER BY 1")).fetchall()
+    assert left == [("y",)]
+    again = await pq.pop(conn, {"queue": "done", "batch": 5})
+    assert [m["transactionId"] for m in again["messages"]] == ["y"]  # the cursor is not disturbed
