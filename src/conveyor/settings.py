@@ -34,6 +34,16 @@ def parse_fusion_policies(value: str) -> dict[str, tuple[int, float]]:
     return found
 
 
+def _parse_dialects(value: str) -> tuple[str, ...]:
+    from conveyor import errors
+    from conveyor.db.migrate import parse_dialects  # the one list of dialects
+
+    try:
+        return parse_dialects(value)
+    except errors.InvalidInput as exc:
+        raise ValueError(exc.message) from None
+
+
 def _bool(value: str) -> bool:
     v = value.strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -118,6 +128,7 @@ class Settings:
     pool_min: int = 2
     pool_max: int = 16
     migrate: bool = True
+    dialects: tuple[str, ...] = ()  # installed (and then upgraded) by migrate (conveyor.db.migrate.DIALECTS)
     auth_mode: str = "header"
     auth_tokens: Mapping[str, str] = field(default_factory=dict)
     # auth mode jwt (conveyor.protocols.jwt_tokens)
@@ -233,6 +244,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "pool_min": ("CONVEYOR_POOL_MIN", int),
     "pool_max": ("CONVEYOR_POOL_MAX", int),
     "migrate": ("CONVEYOR_MIGRATE", _bool),
+    "dialects": ("CONVEYOR_DIALECTS", lambda v: _parse_dialects(v)),
     "auth_mode": ("CONVEYOR_AUTH", str),
     "auth_tokens": ("CONVEYOR_AUTH_TOKENS", parse_tokens),
     "jwt_secret": ("CONVEYOR_JWT_SECRET", str),

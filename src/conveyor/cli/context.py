@@ -42,7 +42,7 @@ def run(settings: Settings, action: Callable[[Any], Awaitable[T]], *, migrate: b
     async def go(dsn: str) -> T:
         async with pool.connect(dsn) as conn:
             if migrate and not settings.database_url:
-                await migrations.migrate(conn)
+                await migrations.migrate(conn, dialects=settings.dialects)
             return await action(conn)
 
     with database_url(settings) as dsn:

@@ -11,6 +11,14 @@ database whose recorded migration differs from this build's file of the same num
 (``errors.SchemaMismatch``): it was migrated by a build whose migration said something
 else, so its functions are not the ones this code expects. Rows recorded before
 checksums existed get this build's checksum the first time (nothing to compare them with).
+
+Dialects (``DIALECTS``: pgmq, PgQue and PgQ's SQL interfaces over Conveyor's engine,
+docs/dialects.md) are optional: each has its own numbered migrations in
+``sql/dialects/<dialect>/``, recorded in ``conveyor.dialect_migrations`` with checksums
+under the same rules. A dialect is installed when asked for (``migrate(dialects=...)``,
+``conveyor db migrate --dialects``, ``CONVEYOR_DIALECTS``) and from then on upgraded by
+every ``migrate``. Installing one is refused while the real extension (or a schema of
+that name that Conveyor did not create) is in the database.
 """
 
 from __future__ import annotations
@@ -38,7 +46,18 @@ CREATE TABLE IF NOT EXISTS conveyor.schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 ALTER TABLE conveyor.schema_migrations ADD COLUMN IF NOT EXISTS checksum text;
+CREATE TABLE IF NOT EXISTS conveyor.dialect_migrations (
+    dialect    text NOT NULL,
+    version    integer NOT NULL,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (dialect, version)
+);
 """
+
+# dialect -> the schema it creates (also the name of the real extension it stands in for)
+DIALECTS = {"pgmq": "pgmq", "pgque": "pgque", "pgq": "pgq"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +65,7 @@ class Migration:
     version: int
     name: str
     sql: str
+    dialect: str | None = None
 
     @property
     def checksum(self) -> str:
@@ -53,7 +73,8 @@ class Migration:
 
     @property
     def label(self) -> str:
-        return f"{self.version:04d}_{self.name}"
+        prefix = f"{self.dialect}/" if self.dialect else ""
+        return f"{prefix}{self.version:04d}_{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +84,34 @@ class MigrationStatus:
     applied_at: datetime | None
 
 
-def migrations() -> list[Migration]:
-    folder = resources.files("conveyor") / "sql" / "migrations"
+def migrations(dialect: str | None = None) -> list[Migration]:
+    """Conveyor's migrations, or a dialect's (``DIALECTS``), in order."""
+    sql = resources.files("conveyor") / "sql"
+    if dialect is None:
+        folder = sql / "migrations"
+    elif dialect in DIALECTS:
+        folder = sql / "dialects" / dialect
+    else:
+        raise errors.InvalidInput(f"unknown dialect {dialect!r}: choose from {', '.join(DIALECTS)}")
     found = []
-    for entry in folder.iterdir():
+    for entry in folder.iterdir() if folder.is_dir() else ():
         match = _FILE.match(entry.name)
         if match:
-            found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8")))
+            found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8"), dialect))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):
         raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
     return found
+
+
+def parse_dialects(value: str | None) -> tuple[str, ...]:
+    """``"pgmq,pgq"`` -> ("pgmq", "pgq"), each checked."""
+    names = tuple(dict.fromkeys(n.strip().lower() for n in (value or "").split(",") if n.strip()))
+    for name in names:
+        if name not in DIALECTS:
+            raise errors.InvalidInput(f"unknown dialect {name!r}: choose from {', '.join(DIALECTS)}")
+    return names
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +160,64 @@ async def _check(conn: execute.Connection, applied: dict[int, _Applied], *, acce
                            (m.checksum, m.version))
 
 
-async def migrate(conn: execute.Connection, *, accept_checksums: bool = False) -> list[Migration]:
+async def _dialects_applied(conn: execute.Connection) -> dict[str, dict[int, _Applied]]:
+    cur = await conn.execute("SELECT to_regclass('conveyor.dialect_migrations') IS NOT NULL")
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return {}
+    cur = await conn.execute("SELECT dialect, version, applied_at, checksum FROM conveyor.dialect_migrations")
+    found: dict[str, dict[int, _Applied]] = {}
+    for dialect, version, at, digest in await cur.fetchall():
+        found.setdefault(dialect, {})[version] = _Applied(at, digest)
+    return found
+
+
+async def _refuse_foreign(conn: execute.Connection, dialect: str) -> None:
+    """Installing a dialect next to the real thing would shadow or break it."""
+    schema = DIALECTS[dialect]
+    cur = await conn.execute("SELECT extname FROM pg_catalog.pg_extension WHERE extname = %s", (schema,))
+    if await cur.fetchone():
+        raise errors.SchemaMismatch(
+            f"the {schema} extension is installed in this database: Conveyor's {dialect} dialect would take its "
+            f"schema. Move its queues to Conveyor first (docs/dialects.md), DROP EXTENSION {schema}, then install "
+            "the dialect.")
+    cur = await conn.execute("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s", (schema,))
+    if await cur.fetchone():
+        raise errors.SchemaMismatch(
+            f"a schema named {schema} that Conveyor did not create is in this database (the real {dialect}, "
+            f"installed from SQL?): Conveyor's {dialect} dialect would replace it. Move its data first "
+            "(docs/dialects.md), drop the schema, then install the dialect.")
+
+
+async def _migrate_dialect(conn: execute.Connection, dialect: str, applied: dict[int, _Applied], *,
+                           accept: bool) -> list[Migration]:
+    done = []
+    if not applied:
+        await _refuse_foreign(conn, dialect)
+    for m in migrations(dialect):
+        found = applied.get(m.version)
+        if found is not None:
+            if found.checksum != m.checksum:
+                if not accept:
+                    raise _mismatch(m, found.checksum or "")
+                await conn.execute("UPDATE conveyor.dialect_migrations SET checksum = %s "
+                                   "WHERE dialect = %s AND version = %s", (m.checksum, dialect, m.version))
+            continue
+        await conn.execute(m.sql)
+        await conn.execute("INSERT INTO conveyor.dialect_migrations (dialect, version, name, checksum) "
+                           "VALUES (%s, %s, %s, %s)", (dialect, m.version, m.name, m.checksum))
+        done.append(m)
+    return done
+
+
+async def migrate(conn: execute.Connection, *, accept_checksums: bool = False,
+                  dialects: tuple[str, ...] = ()) -> list[Migration]:
     """Apply every migration not yet applied, in one transaction, after checking those
-    already applied against this build's (see the module's docstring). Returns those applied."""
+    already applied against this build's (see the module's docstring): Conveyor's, then
+    those of the dialects asked for and of those installed before. Returns those applied."""
     done: list[Migration] = []
+    for dialect in dialects:
+        migrations(dialect)  # an unknown name is refused before anything runs
     with execute.translated():
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
@@ -141,7 +232,18 @@ async def migrate(conn: execute.Connection, *, accept_checksums: bool = False) -
                     "INSERT INTO conveyor.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                     (migration.version, migration.name, migration.checksum))
                 done.append(migration)
+            installed = await _dialects_applied(conn)
+            for dialect in DIALECTS:
+                if dialect in dialects or dialect in installed:
+                    done += await _migrate_dialect(conn, dialect, installed.get(dialect, {}),
+                                                   accept=accept_checksums)
     return done
+
+
+async def installed_dialects(conn: execute.Connection) -> list[str]:
+    """The dialects installed in the database."""
+    with execute.translated():
+        return sorted(await _dialects_applied(conn))
 
 
 async def verify(conn: execute.Connection) -> None:
@@ -149,8 +251,9 @@ async def verify(conn: execute.Connection) -> None:
     (for servers that do not migrate); changes nothing."""
     with execute.translated():
         applied = await _applied(conn)
-    for m in migrations():
-        found = applied.get(m.version)
+        dialects = await _dialects_applied(conn)
+    for m in migrations() + [m for d in DIALECTS if d in dialects for m in migrations(d)]:
+        found = (dialects.get(m.dialect, {}) if m.dialect else applied).get(m.version)
         if found is not None and found.checksum is not None and found.checksum != m.checksum:
             raise _mismatch(m, found.checksum)
 
@@ -162,10 +265,11 @@ async def status(conn: execute.Connection) -> list[MigrationStatus]:
             for m in migrations()]
 
 
-def bundle() -> str:
-    """Every migration as one psql script that installs the schema on an empty database
-    and is safe to run again: each migration runs only if its version is not recorded yet
-    (psql's \\gset and \\if), so re-running it upgrades or does nothing."""
+def bundle(dialects: tuple[str, ...] = ()) -> str:
+    """Every migration (and those of ``dialects``) as one psql script that installs the
+    schema on an empty database and is safe to run again: each migration runs only if its
+    version is not recorded yet (psql's \\gset and \\if), so re-running it upgrades or
+    does nothing."""
     parts = [
         "-- Conveyor schema: install (or upgrade) with  psql -v ON_ERROR_STOP=1 -f conveyor.sql",
         "-- Generated by `conveyor db sql`; equivalent to `conveyor db migrate`; safe to re-run.",
@@ -185,5 +289,19 @@ def bundle() -> str:
             f"VALUES ({m.version}, '{m.name}', '{m.checksum}');",
             "\\endif",
         ]
+    for dialect in DIALECTS:
+        if dialect not in dialects:
+            continue
+        for m in migrations(dialect):
+            parts += [
+                f"-- dialect migration {m.label}",
+                "SELECT NOT EXISTS (SELECT 1 FROM conveyor.dialect_migrations "
+                f"WHERE dialect = '{dialect}' AND version = {m.version}) AS conveyor_apply \\gset",
+                "\\if :conveyor_apply",
+                m.sql.rstrip(),
+                "INSERT INTO conveyor.dialect_migrations (dialect, version, name, checksum) "
+                f"VALUES ('{dialect}', {m.version}, '{m.name}', '{m.checksum}');",
+                "\\endif",
+            ]
     parts.append("COMMIT;")
     return "\n".join(parts) + "\n"

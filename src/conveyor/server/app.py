@@ -103,7 +103,7 @@ async def _startup(settings: Settings, database: Database, open_timeout: float) 
             if not settings.migrate:
                 await migrate.verify(conn)
                 return
-            applied = await migrate.migrate(conn)
+            applied = await migrate.migrate(conn, dialects=settings.dialects)
         except errors.SchemaMismatch as exc:
             log.critical("%s", exc.message)
             raise
