@@ -214,3 +214,13 @@ def test_delete_queue_then_errors(aws: AwsCli, boto_sqs: Any, server: ServerProc
     assert "GetQueueUrl" in proc.stderr
 
     assert boto_sqs.list_queues(QueueNamePrefix=queue_name).get("QueueUrls", []) == []
+
+
+def test_bare_queue_name_and_attribute_prefixes(aws: AwsCli, boto_sqs: Any, queue_name: str) -> None:
+    """Issue 13: `--queue-url jobs` names the caller's queue, and `Hel.*` selects by prefix."""
+    boto_sqs.create_queue(QueueName=queue_name)
+    aws("send-message", "--queue-url", queue_name, "--message-body", "hi", "--message-attributes",
+        json.dumps({name: {"DataType": "String", "StringValue": name} for name in ("Hello", "Help.Me", "Other")}))
+    got = aws("receive-message", "--queue-url", queue_name, "--message-attribute-names", "Hel.*")["Messages"]
+    assert [m["Body"] for m in got] == ["hi"]
+    assert sorted(got[0]["MessageAttributes"]) == ["Hello", "Help.Me"]
