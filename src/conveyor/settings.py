@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conveyor.crypto import Keyring
+
 AUTH_MODES = ("none", "header", "token", "jwt")
 ROLES = ("read", "write", "admin")
 
@@ -89,6 +91,17 @@ def read_key(value: str) -> str:
         raise ValueError(f"cannot read the key file {path}: {exc.strerror}") from None
 
 
+def _inline_or_file(value: str) -> str:
+    """A value given inline, or ``@/path`` to read it from a file (secrets kept out of the
+    environment)."""
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read {value[1:]}: {exc.strerror}") from None
+
+
 def parse_tokens(spec: str) -> dict[str, str]:
     """``"tok1:admin,tok2:read"`` -> {token: role}."""
     tokens: dict[str, str] = {}
@@ -134,6 +147,8 @@ class Settings:
     # auth mode jwt (conveyor.protocols.jwt_tokens)
     jwt_secret: str | None = None
     jwt_public_key: str | None = None
+    # encryption at rest (conveyor.crypto): queues flagged encrypted are sealed with it
+    encryption_key: Keyring | None = None
     jwt_algorithms: tuple[str, ...] = ()
     jwt_role_claim: str = "role"
     jwt_roles: Mapping[str, str] | None = None  # None: the default claim values
@@ -249,6 +264,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "auth_tokens": ("CONVEYOR_AUTH_TOKENS", parse_tokens),
     "jwt_secret": ("CONVEYOR_JWT_SECRET", str),
     "jwt_public_key": ("CONVEYOR_JWT_PUBLIC_KEY", read_key),
+    "encryption_key": ("CONVEYOR_ENCRYPTION_KEY", lambda v: Keyring.parse(_inline_or_file(v))),
     "jwt_algorithms": ("CONVEYOR_JWT_ALGORITHMS", lambda v: tuple(a.strip() for a in v.split(",") if a.strip())),
     "jwt_role_claim": ("CONVEYOR_JWT_ROLE_CLAIM", str),
     "jwt_roles": ("CONVEYOR_JWT_ROLES", parse_role_map),

@@ -49,6 +49,11 @@ class Queue:
     def attributes(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in QUEUE_ATTRIBUTES}
 
+    @property
+    def encrypted(self) -> bool:
+        """Bodies are sealed with the server's key before they are stored (conveyor.crypto)."""
+        return self.extra_attributes.get("encrypted") is True
+
 
 @dataclass(frozen=True, slots=True)
 class QueueMetrics:

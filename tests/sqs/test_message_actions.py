@@ -85,7 +85,7 @@ def test_selected_message_attributes_and_their_digest(sqs, make_queue):
     sqs.send_message(QueueUrl=url, MessageBody="x", MessageAttributes={"City": ATTRIBUTES["City"], **dotted,
                                                                          "orderly": ATTRIBUTES["Custom"]})
     [m] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["City", "order.*"], VisibilityTimeout=0)["Messages"]
-    chosen = {"City": ATTRIBUTES["City"], **dotted}
+    chosen = {"City": ATTRIBUTES["City"], **dotted, "orderly": ATTRIBUTES["Custom"]}  # "order.*": names starting "order"
     assert m["MessageAttributes"] == chosen and m["MD5OfMessageAttributes"] == attributes_md5(chosen)
     [m] = sqs.receive_message(QueueUrl=url)["Messages"]
     assert "MessageAttributes" not in m and "MD5OfMessageAttributes" not in m and "Attributes" not in m

@@ -11,6 +11,7 @@ from conveyor import types
 from conveyor.cli import context, output
 from conveyor.cli.output import Column
 from conveyor.core import queues as ops
+from conveyor.core import sealing
 
 # option name -> queue attribute; the database checks every range, so one place says them
 _ATTRIBUTE_OPTIONS = {
@@ -212,3 +213,29 @@ def purge(obj, name: str, yes: bool) -> None:  # noqa: ANN001
     n = context.run(obj.settings(), action)
     output.emit({"queue": name, "deleted": n}, obj.as_json,
                 f"deleted {n} message{'s' if n != 1 else ''} from queue {name}")
+
+
+@queues.command()
+@output.json_option
+@click.pass_obj
+def reencrypt(obj) -> None:  # noqa: ANN001
+    """Seal stored messages with the first key of CONVEYOR_ENCRYPTION_KEY.
+
+    Rotates keys: put a new key first (kid:base64,...), restart the servers, run this,
+    then remove the old key. Also seals the messages that encrypted queues (and Queen
+    queues with encryptionEnabled) stored before encryption was turned on. Safe to run
+    again; run it again if it reports rows other transactions held."""
+    settings = obj.settings()
+    if settings.encryption_key is None:
+        raise click.ClickException("CONVEYOR_ENCRYPTION_KEY is not set: there is no key to seal with")
+    keyring = settings.encryption_key
+
+    def report(n: int) -> None:
+        if not obj.as_json:
+            click.echo(f"  sealed {n} more", err=True)
+
+    done = context.run(settings, lambda conn: sealing.reseal(conn, keyring, report))
+    output.emit({"key": keyring.active, "messages": done.messages, "archived": done.archived,
+                 "partitioned": done.partitioned, "dead_letters": done.dead_letters}, obj.as_json,
+                f"sealed {done.total} with key {keyring.active} ({done.messages} messages, {done.archived} archived, "
+                f"{done.partitioned} partitioned-queue messages, {done.dead_letters} dead letters)")

@@ -17,8 +17,8 @@ from uuid import UUID
 
 import orjson
 
-from conveyor import errors, types
-from conveyor.core import filter_policy, signing
+from conveyor import crypto, errors, types
+from conveyor.core import filter_policy, messages, signing
 from conveyor.db import execute as db
 from conveyor.settings import Settings
 
@@ -225,24 +225,45 @@ def urls(settings: Settings, base_url: str | None = None) -> types.TopicUrls:
 
 
 async def publish(conn: Connection, routing_key: str, publication: types.Publication, *,
-                  signer: signing.Signer | None, urls: types.TopicUrls) -> types.Published:
+                  signer: signing.Signer | None, urls: types.TopicUrls,
+                  keyring: crypto.Keyring | None = None) -> types.Published:
     """Fan a message out to every subscription whose pattern matches ``routing_key`` and
     whose filter policy accepts it: one insert per matching queue and one outbox row per
     matching endpoint, in one SQL call inside the caller's transaction (a rollback
     publishes nothing). ``signer`` None leaves envelopes unsigned. Queue waiters wake on
-    commit as for any send."""
+    commit as for any send. Copies for encrypted queues are sealed with ``keyring`` and
+    sent in the same transaction (without one, such a publish is refused whole)."""
     if "\x00" in publication.body or any("\x00" in b for b in (publication.bodies or {}).values()):
         raise errors.InvalidInput("message bodies cannot contain NUL characters (U+0000)")
     message = publish_message(routing_key, publication, signer=signer, urls=urls)
-    row = await db.fetch_one(conn, "topic_publish", {"routing_key": routing_key, "message": message})
-    if row is None:
-        raise errors.InternalError("topic_publish returned no row")
-    queues, endpoints, sequence_number, stored = row
-    copies = tuple(types.StoredCopy(queue=c["queue"], id=int(c["id"]), message_uuid=UUID(c["message_id"]))
-                   for c in stored or ())
+    async with conn.transaction():
+        row = await db.fetch_one(conn, "topic_publish", {"routing_key": routing_key, "message": message})
+        if row is None:
+            raise errors.InternalError("topic_publish returned no row")
+        queues, endpoints, sequence_number, stored, to_seal = row
+        copies = tuple(types.StoredCopy(queue=c["queue"], id=int(c["id"]), message_uuid=UUID(c["message_id"]))
+                       for c in stored or ())
+        copies += await _send_sealed(conn, to_seal or [], keyring)
     return types.Published(message_id=UUID(message["message_id"]), timestamp=message["timestamp"],
                            queues=tuple(queues or ()), endpoints=int(endpoints), sequence_number=sequence_number,
                            messages=copies)
+
+
+async def _send_sealed(conn: Connection, copies: list[dict[str, Any]],
+                       keyring: crypto.Keyring | None) -> tuple[types.StoredCopy, ...]:
+    """The copies topic_publish left for encrypted queues, sealed and sent."""
+    done: list[types.StoredCopy] = []
+    for copy in copies:
+        if keyring is None:
+            raise errors.Unavailable(f"queue {copy['queue']!r} is encrypted and this server has no encryption key "
+                                     "(CONVEYOR_ENCRYPTION_KEY): nothing was published")
+        body, content_type = keyring.seal(copy["body"], copy.get("content_type"))
+        outgoing = types.OutgoingMessage(body=body, content_type=content_type, headers=copy.get("headers"),
+                                         delay=copy.get("delay"), group_id=copy.get("group_id"),
+                                         dedup_id=copy.get("dedup_id"))
+        [sent] = await messages.send_batch(conn, copy["queue"], [outgoing])
+        done.append(types.StoredCopy(queue=copy["queue"], id=sent.id, message_uuid=sent.message_uuid))
+    return tuple(done)
 
 
 # -- routing keys and patterns ----------------------------------------------------------------

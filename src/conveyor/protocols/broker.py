@@ -69,3 +69,13 @@ class Broker(Protocol):
     async def pq_renew(self, leases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
 
     async def pq_transaction(self, operations: Sequence[dict[str, Any]]) -> dict[str, Any]: ...
+
+    def pq_opened(self, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Partitioned-queue messages read from the database with sealed payloads opened
+        (encryption at rest, conveyor.crypto)."""
+
+    def opened(self, got: list[types.Message]) -> list[types.Message]:
+        """Queue messages read from the database with sealed bodies opened."""
+
+    def can_encrypt(self) -> bool:
+        """Whether this server holds an encryption key (CONVEYOR_ENCRYPTION_KEY)."""

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from conveyor import errors, types
+import orjson
+
+from conveyor import crypto, errors, types
 from conveyor.core import messages, partitioned, queues, receipts, signing, streams, topics
 from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
@@ -75,6 +79,7 @@ class ServerBroker:
                 "pq_renew": fuser("renew", self._pq_renew_fused, settings.fusion_max_batch, len),
             }
         self._queue_cache: dict[str, tuple[types.Queue, float]] = {}
+        self._pq_cache: dict[str, tuple[bool, float]] = {}  # partitioned queue: encryptionEnabled
         self.waiters = WaiterHub(database.dsn, self._mark_listened, listen_seconds=settings.listen_seconds,
                                  poll_fallback=settings.poll_fallback_seconds)
         self._signer: signing.Signer | None = None
@@ -121,7 +126,84 @@ class ServerBroker:
             self.metrics.series(self.metrics.admission_refused, "fusion").inc()
             raise
 
+    # -- encryption at rest (conveyor.crypto) ------------------------------------------
+
+    def can_encrypt(self) -> bool:
+        return self.settings.encryption_key is not None
+
+    def _keyring(self, what: str) -> crypto.Keyring:
+        if self.settings.encryption_key is None:
+            raise errors.Unavailable(f"{what} is encrypted and this server has no encryption key "
+                                     "(CONVEYOR_ENCRYPTION_KEY)")
+        return self.settings.encryption_key
+
+    async def _sealed(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> Sequence[types.OutgoingMessage]:
+        q = await self.queue(queue)
+        if not q.encrypted:
+            return batch
+        keyring = self._keyring(f"queue {queue!r}")
+        out = []
+        for m in batch:
+            dedup = m.dedup_id
+            if q.fifo and dedup is None and q.content_based_deduplication:
+                # the database would hash the sealed body, which differs on every send
+                dedup = hashlib.sha256(m.body.encode("utf-8")).hexdigest()
+            body, content_type = keyring.seal(m.body, m.content_type)
+            out.append(dataclasses.replace(m, body=body, content_type=content_type, dedup_id=dedup))
+        return out
+
+    def opened(self, got: list[types.Message]) -> list[types.Message]:
+        """Messages as they were sent: sealed bodies opened, whatever the queue's flag is now."""
+        if not any(crypto.is_sealed(m.content_type) for m in got):
+            return got
+        keyring = self._keyring("a message")
+        out = []
+        for m in got:
+            if crypto.is_sealed(m.content_type):
+                body, content_type = keyring.open(m.body, m.content_type)
+                m = dataclasses.replace(m, body=body, content_type=content_type)
+            out.append(m)
+        return out
+
+    async def _pq_encrypted(self, names: set[str]) -> set[str]:
+        """Which of these partitioned queues have encryptionEnabled (cached like queues)."""
+        found = set()
+        now = time.monotonic()
+        for name in names:
+            cached = self._pq_cache.get(name)
+            if cached is None or cached[1] <= now:
+                async with self.database.connection() as conn:
+                    found_queue = await partitioned.get(conn, name)
+                enabled = found_queue is not None and found_queue.encryption_enabled  # a new queue: not encrypted
+                if len(self._pq_cache) > QUEUE_CACHE_SIZE:
+                    self._pq_cache.clear()
+                cached = self._pq_cache[name] = (enabled, now + QUEUE_CACHE_SECONDS)
+            if cached[0]:
+                found.add(name)
+        return found
+
+    async def _pq_sealed(self, items: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+        encrypted = await self._pq_encrypted({i["queue"] for i in items if isinstance(i.get("queue"), str)})
+        if not encrypted:
+            return items
+        keyring = self._keyring(f"queue {sorted(encrypted)[0]!r}")
+        return [{**i, "payload": keyring.seal_text(orjson.dumps(i.get("payload")).decode()), "encrypted": True}
+                if i.get("queue") in encrypted else i for i in items]
+
+    def pq_opened(self, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Partitioned-queue messages (pops, dead letters, lookups) with sealed payloads
+        (``encrypted``/``isEncrypted``) opened, under ``data`` or ``payload``."""
+        out = []
+        for doc in docs:
+            if doc.get("encrypted") or doc.get("isEncrypted"):
+                keyring = self._keyring("a message")
+                key = "data" if "data" in doc else "payload"
+                doc = {**doc, key: orjson.loads(keyring.open_text(doc[key]))}
+            out.append(doc)
+        return out
+
     async def send(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
+        batch = await self._sealed(queue, batch)
         if "send" in self.fusers:
             return await self._fused("send", queue, batch)
         return await self._send_batch(queue, batch)
@@ -139,7 +221,7 @@ class ServerBroker:
                 ask = messages.receive(conn, queue, qty=qty, vt=vt)
             got = await self._timed(self.metrics.receive_duration, queue, ask)
         self.metrics.record_received(queue, got)
-        return got
+        return self.opened(got)
 
     async def _receive_fused(self, key: tuple[str, int | None], qtys: Sequence[int]) -> list[list[types.Message]]:
         queue, vt = key
@@ -154,6 +236,8 @@ class ServerBroker:
 
     async def receive(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
         started = time.monotonic()
+        if (await self.queue(queue)).encrypted:
+            self._keyring(f"queue {queue!r}")  # refused before anything is claimed
         got = await self._receive_once(queue, params)
         if got or (params.wait is not None and params.wait <= 0) or self.waiters.closing:
             return got
@@ -234,6 +318,7 @@ class ServerBroker:
 
     async def pq_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Push items (any queues, any partitions): one answer each, in order."""
+        items = await self._pq_sealed(items)
         if "pq_push" in self.fusers:
             return await self._fused("pq_push", None, items)
         return await self._pq_push_db(items)
@@ -248,6 +333,12 @@ class ServerBroker:
     async def pq_pop(self, request: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
         """One pop; with ``wait`` > 0, long-polls without holding a connection until a push
         to one of the queues asked for (in any server process) or the time is up."""
+        got = await self._pq_pop_waiting(request, wait)
+        if got.get("messages"):
+            got = {**got, "messages": self.pq_opened(got["messages"])}
+        return got
+
+    async def _pq_pop_waiting(self, request: dict[str, Any], wait: float) -> dict[str, Any]:
         started = time.monotonic()
         got = await self._pq_pop_db(request)
         wait = min(max(wait, 0.0), float(self.settings.max_wait_seconds))
@@ -316,6 +407,8 @@ class ServerBroker:
 
     async def pq_transaction(self, operations: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """Acks and pushes in one transaction, never fused (all or nothing on its own)."""
+        operations = [{**op, "items": await self._pq_sealed(op["items"])} if op.get("type") == "push" else op
+                      for op in operations]
         async with self.database.connection() as conn:
             return await partitioned.transaction(conn, operations)
 
@@ -342,7 +435,8 @@ class ServerBroker:
                       urls: types.TopicUrls, *, topic: str | None = None) -> types.Published:
         signer = await self.signer()
         async with self.database.connection() as conn:
-            published = await topics.publish(conn, routing_key, publication, signer=signer, urls=urls)
+            published = await topics.publish(conn, routing_key, publication, signer=signer, urls=urls,
+                                             keyring=self.settings.encryption_key)
         self.metrics.record_published(topic, published)
         for queue in published.queues:
             self.metrics.series(self.metrics.sent, queue).inc()

@@ -40,6 +40,9 @@ async def configure(request: Request) -> Response:
     for key, value in (("namespace", namespace), ("task", task)):
         if value is not None and not isinstance(value, str):
             raise errors.InvalidInput(f"{key} must be a string")
+    if options.get("encryptionEnabled") in (True, "true") and not req.broker(request).can_encrypt():
+        raise errors.InvalidInput("encryptionEnabled needs the server's encryption key (CONVEYOR_ENCRYPTION_KEY), "
+                                  "which this server does not have")
     async with req.broker(request).connection() as conn:
         q = await partitioned.configure(conn, name, options, namespace=namespace, task=task)
     return req.json({"configured": True, "queue": q.name, "namespace": q.namespace, "task": q.task,
@@ -256,10 +259,11 @@ async def seek(request: Request) -> Response:
 # -- dead letters, messages, traces ------------------------------------------------------
 
 async def dead_letters(request: Request) -> Response:
-    return req.json(await _report(request, "pqueue_dead_letter_list", {
+    found = await _report(request, "pqueue_dead_letter_list", {
         "queue": req.text(request, "queue"), "group": req.text(request, "consumerGroup"),
         "from": req.instant(request.query_params.get("from"), "from"),
-        "to": req.instant(request.query_params.get("to"), "to"), **_page(request)}))
+        "to": req.instant(request.query_params.get("to"), "to"), **_page(request)})
+    return req.json({**found, "messages": req.broker(request).pq_opened(found.get("messages") or [])})
 
 
 async def list_messages(request: Request) -> Response:
@@ -276,7 +280,8 @@ async def get_message(request: Request) -> Response:
     found = await _report(request, "pqueue_message_get", _message_key(request))
     if found is None:
         raise errors.PartitionMessageNotFound("Message not found")
-    return req.json(found)
+    [opened] = req.broker(request).pq_opened([found])
+    return req.json(opened)
 
 
 async def delete_message(request: Request) -> Response:

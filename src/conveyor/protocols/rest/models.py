@@ -38,6 +38,9 @@ class QueueAttributes(_Strict):
                                             description="hq's max_attempts: deliveries before the message is dead-lettered")] | None = None
     dead_letter_queue: QueueName | None = None
     content_based_deduplication: bool | None = None
+    encrypted: bool | None = Field(None, description=(
+        "seal message bodies with the server's key (AES-256-GCM, CONVEYOR_ENCRYPTION_KEY) before they are "
+        "stored; messages already stored keep their form"))
 
 
 class QueueCreate(QueueAttributes):
@@ -58,6 +61,7 @@ class Queue(BaseModel):
     max_receive_count: int | None
     dead_letter_queue: str | None
     content_based_deduplication: bool
+    encrypted: bool
     is_partitioned: bool = Field(description="stored in partitions of its own (no queue is yet)")
     is_unlogged: bool = Field(description="stored unlogged: faster, emptied by a crash (no queue is yet)")
     created_at: datetime

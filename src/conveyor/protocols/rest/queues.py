@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -32,9 +34,21 @@ def _fifo_name(name: str, fifo: bool | None) -> str:
     return name + ".fifo"
 
 
+def _encryption(request: Request, attributes: dict[str, Any]) -> dict[str, Any]:
+    """``encrypted`` is kept with the queue's extra attributes (conveyor.crypto); asking for
+    it needs a server that holds a key."""
+    if "encrypted" not in attributes:
+        return attributes
+    encrypted = attributes.pop("encrypted")
+    if encrypted and not broker(request).can_encrypt():
+        raise errors.InvalidInput("encrypted queues need the server's encryption key (CONVEYOR_ENCRYPTION_KEY), "
+                                  "which this server does not have")
+    return {**attributes, "extra_attributes": {"encrypted": bool(encrypted)}}
+
+
 async def create_queue(request: Request) -> Response:
     spec = await req.body(request, models.QueueCreate)
-    attributes = spec.model_dump(exclude_unset=True, exclude={"name"})
+    attributes = _encryption(request, spec.model_dump(exclude_unset=True, exclude={"name"}))
     async with broker(request).connection() as conn:
         q = await queues.create(conn, _fifo_name(spec.name, spec.fifo), attributes)
     return render.json(render.queue(q), 201, headers={"Location": f"/v1/queues/{q.name}"})
@@ -49,7 +63,7 @@ async def get_queue(request: Request) -> Response:
 
 
 async def alter_queue(request: Request) -> Response:
-    attributes = (await req.body(request, models.QueueAttributes)).model_dump(exclude_unset=True)
+    attributes = _encryption(request, (await req.body(request, models.QueueAttributes)).model_dump(exclude_unset=True))
     async with broker(request).connection() as conn:
         q = await queues.alter(conn, req.queue_name(request), attributes)
     return render.json(render.queue(q))

@@ -43,7 +43,7 @@ def error(exc: errors.ConveyorError) -> Response:
 def queue(q: types.Queue) -> dict[str, Any]:
     return {
         "name": q.name, "fifo": q.fifo, **q.attributes(),
-        "is_partitioned": q.partitioned, "is_unlogged": q.unlogged,
+        "encrypted": q.encrypted, "is_partitioned": q.partitioned, "is_unlogged": q.unlogged,
         "created_at": q.created_at, "updated_at": q.updated_at,
     }
 

@@ -51,7 +51,7 @@ def to_conveyor(ctx: Context, attributes: dict[str, str] | None, *, fifo: bool, 
                 queue: str) -> dict[str, Any]:
     """Validate SQS attributes and translate them into queue_create/queue_alter attributes."""
     out: dict[str, Any] = {}
-    extra: dict[str, str | None] = {}
+    extra: dict[str, Any] = {}
     for name, value in (attributes or {}).items():
         if name not in SETTABLE or (name in FIFO_ONLY and not fifo and not (name == "FifoQueue" and creating)):
             raise unknown(name)
@@ -66,9 +66,26 @@ def to_conveyor(ctx: Context, attributes: dict[str, str] | None, *, fifo: bool, 
             out.update(_redrive(ctx, value, queue))
         else:
             extra[name] = _kept(name, value)
+    encrypted = _encrypted(extra) if ctx.broker.can_encrypt() else None
+    if encrypted is not None:
+        extra["encrypted"] = encrypted
     if extra:
         out["extra_attributes"] = extra
     return out
+
+
+def _encrypted(extra: dict[str, Any]) -> bool | None:
+    """The queue's ``encrypted`` flag (conveyor.crypto) from the SSE attributes a request
+    sets: SqsManagedSseEnabled=true or a KmsMasterKeyId seals bodies with the server's
+    key; SqsManagedSseEnabled=false (or removing the KMS key) stops sealing new ones.
+    None: the request says nothing about it."""
+    if extra.get("KmsMasterKeyId"):
+        return True
+    if "SqsManagedSseEnabled" in extra:
+        return bool(extra["SqsManagedSseEnabled"] == "true")
+    if "KmsMasterKeyId" in extra:  # removed
+        return False
+    return None
 
 
 def _integer(name: str, value: str, lo: int, hi: int) -> int:

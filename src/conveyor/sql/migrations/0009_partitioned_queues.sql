@@ -55,7 +55,7 @@ CREATE TABLE conveyor.partition_messages (
     id             uuid NOT NULL DEFAULT gen_random_uuid(),
     transaction_id text NOT NULL,                     -- idempotency key, per partition
     trace_id       uuid,
-    payload        jsonb,                             -- AES-GCM {"encrypted", "iv", "authTag"} when encrypted
+    payload        jsonb,                             -- when encrypted: the JSON string "<kid>:<sealed>" (conveyor.crypto)
     is_encrypted   boolean NOT NULL DEFAULT false,
     producer_sub   text,                              -- who pushed it, as the server verified
     created_at     timestamptz NOT NULL DEFAULT clock_timestamp(),

@@ -16,6 +16,39 @@
 --    visible to delivery_list('held') and deliveries_stats — and goes into the queue, in
 --    publish order, when the queue is created (or on delivery_retry once it exists).
 --    Unsubscribing drops them. The webhook worker never claims such rows.
+-- 4. Encrypted queues (issue 16, conveyor.crypto): a queue whose extra_attributes say
+--    "encrypted": true holds bodies the server sealed (AES-256-GCM) before sending. A
+--    topic publish leaves such queues to its caller (topic_publish's `sealed` column),
+--    and the size check allows for the sealed form (base64 of nonce, body and tag): the
+--    protocols check the plaintext's size against the queue's limit before sealing.
+
+------------------------------------------------------------------------------------------
+-- Encrypted queues
+------------------------------------------------------------------------------------------
+
+CREATE FUNCTION conveyor._encrypted(q conveyor.queues) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(q.extra_attributes -> 'encrypted' = 'true'::jsonb, false)
+$$;
+
+CREATE OR REPLACE FUNCTION conveyor._message_ok(q conveyor.queues, body text, headers jsonb, delay integer,
+                                                system_attributes jsonb, dedup_id text) RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT CASE
+        WHEN body IS NULL OR octet_length(body) + coalesce(octet_length(headers::text), 0)
+                             > CASE WHEN conveyor._encrypted(q) THEN q.max_message_size / 3 * 4 + 64
+                                    ELSE q.max_message_size END
+            THEN conveyor._fail('CVM01', format(
+                'message must not be null and must be at most %s bytes (body and headers) in queue %s',
+                q.max_message_size, quote_literal(q.name)))
+        WHEN delay < 0 OR delay > 900
+            THEN conveyor._fail('CVV01', 'delay must be from 0 to 900 seconds')
+        WHEN jsonb_typeof(headers) <> 'object' OR jsonb_typeof(system_attributes) <> 'object'
+            THEN conveyor._fail('CVV01', 'headers and system_attributes must be JSON objects')
+        WHEN dedup_id IS NOT NULL
+            THEN conveyor._fail('CVV01', 'dedup_id applies to FIFO queues only')
+        ELSE true END
+$$;
 
 ------------------------------------------------------------------------------------------
 -- Filter policies
@@ -316,10 +349,14 @@ CREATE TRIGGER queue_created AFTER INSERT OR UPDATE OF seq ON conveyor.queues
 -- As in 0005, and: an sqs subscription whose queue does not exist yet gets a held outbox
 -- row (see the top of this file); the answer also lists the message stored in each queue
 -- (messages: [{"queue", "id", "message_id"}], seed 000's POST /v1/events answer; a FIFO
--- queue that dropped the publish as a duplicate gives the id it kept).
+-- queue that dropped the publish as a duplicate gives the id it kept). Queues flagged
+-- encrypted (extra_attributes.encrypted) get nothing here: their copies come back in
+-- `sealed` ([{"queue", "body", "headers", "content_type", "group_id", "dedup_id",
+-- "delay"}]) for the caller to seal with the server's key and send in the same
+-- transaction (conveyor.crypto), so no plaintext is stored.
 DROP FUNCTION conveyor.topic_publish(text, jsonb);
 CREATE FUNCTION conveyor.topic_publish(routing_key text, message jsonb)
-RETURNS TABLE (queues text[], endpoints integer, sequence_number text, messages jsonb)
+RETURNS TABLE (queues text[], endpoints integer, sequence_number text, messages jsonb, sealed jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
 DECLARE
     m jsonb := message;
@@ -338,6 +375,7 @@ DECLARE
     f record;
     n_http integer;
     stored jsonb := '[]';
+    to_seal jsonb := '[]';
     one jsonb;
     subj text := conveyor._routing_subject(routing_key);
     env text[];
@@ -411,7 +449,7 @@ BEGIN
                   FROM conveyor.subscriptions x
                   JOIN conveyor.queues q ON q.id = x.queue_id
                   CROSS JOIN LATERAL conveyor._delivery(m, arn, env, x, region, account) t
-                 WHERE x.id = ANY (ids) AND NOT q.fifo) d
+                 WHERE x.id = ANY (ids) AND NOT q.fifo AND NOT conveyor._encrypted(q)) d
          WHERE conveyor._message_ok(d.q, d.body, d.headers, delay, NULL, NULL)
          ORDER BY d.sid
         RETURNING queue_id, id, message_uuid)
@@ -425,7 +463,7 @@ BEGIN
                FROM conveyor.subscriptions x
                JOIN conveyor.queues q ON q.id = x.queue_id
                CROSS JOIN LATERAL conveyor._delivery(m, arn, env, x, region, account) t
-              WHERE x.id = ANY (ids) AND q.fifo
+              WHERE x.id = ANY (ids) AND q.fifo AND NOT conveyor._encrypted(q)
               ORDER BY x.id LOOP
         SELECT jsonb_build_object('queue', (f.q).name, 'id', s.id, 'message_id', s.message_uuid) INTO one
           FROM conveyor._send(f.q, jsonb_build_array(jsonb_build_object(
@@ -437,6 +475,19 @@ BEGIN
             'delay', delay))) s;
         stored := stored || coalesce(jsonb_build_array(one), '[]');
     END LOOP;
+
+    -- encrypted queues: what each gets, for the caller to seal and send
+    SELECT coalesce(jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+               'queue', (q).name, 'body', t.body, 'headers', t.headers, 'content_type', t.content_type,
+               'group_id', gid, 'delay', delay,
+               'dedup_id', CASE WHEN (q).fifo THEN coalesce(did, CASE WHEN (q).content_based_deduplication
+                                THEN encode(sha256(convert_to(m ->> 'body', 'UTF8')), 'hex') END) END))
+           ORDER BY x.id), '[]')
+      INTO to_seal
+      FROM conveyor.subscriptions x
+      JOIN conveyor.queues q ON q.id = x.queue_id
+      CROSS JOIN LATERAL conveyor._delivery(m, arn, env, x, region, account) t
+     WHERE x.id = ANY (ids) AND conveyor._encrypted(q);
 
     -- endpoints: one outbox row each
     INSERT INTO conveyor.http_deliveries (subscription_id, endpoint, payload, headers, message_id)
@@ -478,7 +529,7 @@ BEGIN
     SELECT coalesce((SELECT array_agg(q.name ORDER BY x.id)
                        FROM conveyor.subscriptions x JOIN conveyor.queues q ON q.id = x.queue_id
                       WHERE x.id = ANY (ids)), '{}'),
-           n_http, seqno, stored;
+           n_http, seqno, stored, to_seal;
 END $$;
 
 ------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ SELECT conveyor.topic_tag(%(name)s::text, %(tags)s::jsonb)
 SELECT conveyor.topic_untag(%(name)s::text, %(keys)s::text[])
 
 -- name: topic_publish
-SELECT queues, endpoints, sequence_number, messages FROM conveyor.topic_publish(%(routing_key)s::text, %(message)s::jsonb)
+SELECT queues, endpoints, sequence_number, messages, sealed FROM conveyor.topic_publish(%(routing_key)s::text, %(message)s::jsonb)
 
 -- name: topic_pattern_matches
 SELECT conveyor.topic_pattern_matches(%(pattern)s::text, %(key)s::text)
