@@ -24,19 +24,19 @@ before sealing and after opening.
 from __future__ import annotations
 
 import base64
-import binascii
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from conveyor import errors
+from conveyor.settings import parse_keys
 
 SEALED = "application/vnd.conveyor.sealed"
 _MARKER = re.compile(r"^application/vnd\.conveyor\.sealed; kid=([A-Za-z0-9_.-]{1,64}); type=(.*)$", re.S)
-_KID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 NONCE_BYTES = 12
 
 
@@ -57,30 +57,14 @@ class Keyring:
     active: str
 
     @classmethod
+    def of(cls, keys: Sequence[tuple[str, bytes]]) -> Keyring:
+        """From ``Settings.encryption_keys`` (checked there): the first one seals."""
+        return cls({kid: AESGCM(raw) for kid, raw in keys}, keys[0][0])
+
+    @classmethod
     def parse(cls, spec: str) -> Keyring:
         """``kid:base64key[,kid:base64key...]``; each key 32 bytes (AES-256)."""
-        keys: dict[str, AESGCM] = {}
-        order = []
-        for entry in (e.strip() for e in spec.split(",")):
-            if not entry:
-                continue
-            kid, sep, encoded = entry.partition(":")
-            if not sep or not _KID.match(kid):
-                raise ValueError("encryption keys look like KEY_ID:BASE64_32_BYTES[,...] (key ids: letters, digits, "
-                                 "_ . -)")
-            try:
-                raw = base64.b64decode(encoded, validate=True)
-            except (binascii.Error, ValueError):
-                raise ValueError(f"encryption key {kid!r} is not base64") from None
-            if len(raw) != 32:
-                raise ValueError(f"encryption key {kid!r} must be 32 bytes (AES-256), got {len(raw)}")
-            if kid in keys:
-                raise ValueError(f"encryption key id {kid!r} given twice")
-            keys[kid] = AESGCM(raw)
-            order.append(kid)
-        if not order:
-            raise ValueError("no encryption key given")
-        return cls(keys, order[0])
+        return cls.of(parse_keys(spec))
 
     @staticmethod
     def generate(kid: str) -> str:

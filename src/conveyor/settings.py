@@ -3,6 +3,8 @@ by CLI flags. One frozen object, built once and passed down."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import os
 import re
@@ -10,8 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from conveyor.crypto import Keyring
 
 AUTH_MODES = ("none", "header", "token", "jwt")
 ROLES = ("read", "write", "admin")
@@ -36,14 +36,45 @@ def parse_fusion_policies(value: str) -> dict[str, tuple[int, float]]:
     return found
 
 
-def _parse_dialects(value: str) -> tuple[str, ...]:
-    from conveyor import errors
-    from conveyor.db.migrate import parse_dialects  # the one list of dialects
+# dialect -> the schema it creates (also the name of the real extension it stands in for);
+# installed by conveyor.db.migrate
+DIALECTS = {"pgmq": "pgmq", "pgque": "pgque", "pgq": "pgq"}
 
-    try:
-        return parse_dialects(value)
-    except errors.InvalidInput as exc:
-        raise ValueError(exc.message) from None
+
+def parse_dialects(value: str | None) -> tuple[str, ...]:
+    """``"pgmq,pgq"`` -> ("pgmq", "pgq"), each checked (ValueError)."""
+    names = tuple(dict.fromkeys(n.strip().lower() for n in (value or "").split(",") if n.strip()))
+    for name in names:
+        if name not in DIALECTS:
+            raise ValueError(f"unknown dialect {name!r}: choose from {', '.join(DIALECTS)}")
+    return names
+
+
+_KID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def parse_keys(spec: str) -> tuple[tuple[str, bytes], ...]:
+    """``kid:base64key[,kid:base64key...]`` (CONVEYOR_ENCRYPTION_KEY): AES-256 keys by id,
+    the first one sealing (conveyor.crypto)."""
+    keys: dict[str, bytes] = {}
+    for entry in (e.strip() for e in spec.split(",")):
+        if not entry:
+            continue
+        kid, sep, encoded = entry.partition(":")
+        if not sep or not _KID.match(kid):
+            raise ValueError("encryption keys look like KEY_ID:BASE64_32_BYTES[,...] (key ids: letters, digits, _ . -)")
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"encryption key {kid!r} is not base64") from None
+        if len(raw) != 32:
+            raise ValueError(f"encryption key {kid!r} must be 32 bytes (AES-256), got {len(raw)}")
+        if kid in keys:
+            raise ValueError(f"encryption key id {kid!r} given twice")
+        keys[kid] = raw
+    if not keys:
+        raise ValueError("no encryption key given")
+    return tuple(keys.items())
 
 
 def _bool(value: str) -> bool:
@@ -141,14 +172,18 @@ class Settings:
     pool_min: int = 2
     pool_max: int = 16
     migrate: bool = True
-    dialects: tuple[str, ...] = ()  # installed (and then upgraded) by migrate (conveyor.db.migrate.DIALECTS)
+    dialects: tuple[str, ...] = ()  # installed (and then upgraded) by migrate (DIALECTS)
     auth_mode: str = "header"
     auth_tokens: Mapping[str, str] = field(default_factory=dict)
     # auth mode jwt (conveyor.protocols.jwt_tokens)
     jwt_secret: str | None = None
     jwt_public_key: str | None = None
     # encryption at rest (conveyor.crypto): queues flagged encrypted are sealed with it
-    encryption_key: Keyring | None = None
+    encryption_keys: tuple[tuple[str, bytes], ...] = ()  # (key id, 32 bytes); the first seals
+    # OpenTelemetry (conveyor.tracing): off unless asked for
+    tracing: bool = False
+    tracing_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    tracing_sample_rate: float = 1.0
     jwt_algorithms: tuple[str, ...] = ()
     jwt_role_claim: str = "role"
     jwt_roles: Mapping[str, str] | None = None  # None: the default claim values
@@ -219,6 +254,8 @@ class Settings:
             raise ValueError(f"workers must be from 1 to 64, got {self.workers}")
         if self.pool_min < 1 or self.pool_max < self.pool_min:
             raise ValueError("pool sizes need 1 <= pool_min <= pool_max")
+        if not 0.0 <= self.tracing_sample_rate <= 1.0:
+            raise ValueError(f"the tracing sample rate is from 0 to 1, got {self.tracing_sample_rate}")
         if self.fusion_concurrency not in ("static", "vegas"):
             raise ValueError(f"fusion concurrency must be static or vegas, got {self.fusion_concurrency!r}")
         if self.fusion_max_inflight < 1 or self.fusion_vegas_max < self.fusion_max_inflight:
@@ -259,12 +296,15 @@ _ENV: dict[str, tuple[str, Any]] = {
     "pool_min": ("CONVEYOR_POOL_MIN", int),
     "pool_max": ("CONVEYOR_POOL_MAX", int),
     "migrate": ("CONVEYOR_MIGRATE", _bool),
-    "dialects": ("CONVEYOR_DIALECTS", lambda v: _parse_dialects(v)),
+    "dialects": ("CONVEYOR_DIALECTS", parse_dialects),
     "auth_mode": ("CONVEYOR_AUTH", str),
     "auth_tokens": ("CONVEYOR_AUTH_TOKENS", parse_tokens),
     "jwt_secret": ("CONVEYOR_JWT_SECRET", str),
     "jwt_public_key": ("CONVEYOR_JWT_PUBLIC_KEY", read_key),
-    "encryption_key": ("CONVEYOR_ENCRYPTION_KEY", lambda v: Keyring.parse(_inline_or_file(v))),
+    "encryption_keys": ("CONVEYOR_ENCRYPTION_KEY", lambda v: parse_keys(_inline_or_file(v))),
+    "tracing": ("CONVEYOR_TRACING", _bool),
+    "tracing_endpoint": ("CONVEYOR_TRACING_ENDPOINT", str),
+    "tracing_sample_rate": ("CONVEYOR_TRACING_SAMPLE_RATE", float),
     "jwt_algorithms": ("CONVEYOR_JWT_ALGORITHMS", lambda v: tuple(a.strip() for a in v.split(",") if a.strip())),
     "jwt_role_claim": ("CONVEYOR_JWT_ROLE_CLAIM", str),
     "jwt_roles": ("CONVEYOR_JWT_ROLES", parse_role_map),

@@ -68,6 +68,7 @@ def test_bad_keys_are_refused_at_start(spec, message):
 def test_settings_read_the_key_inline_or_from_a_file(tmp_path):
     entry = crypto.Keyring.generate("disk")
     (tmp_path / "key").write_text(entry + "\n")
-    assert Settings.from_env({"CONVEYOR_ENCRYPTION_KEY": f"@{tmp_path / 'key'}"}).encryption_key.active == "disk"
-    assert Settings.from_env({"CONVEYOR_ENCRYPTION_KEY": entry}).encryption_key.active == "disk"
-    assert Settings.from_env({}).encryption_key is None
+    from_file = Settings.from_env({"CONVEYOR_ENCRYPTION_KEY": f"@{tmp_path / 'key'}"}).encryption_keys
+    assert crypto.Keyring.of(from_file).active == "disk"
+    assert Settings.from_env({"CONVEYOR_ENCRYPTION_KEY": entry}).encryption_keys == from_file
+    assert Settings.from_env({}).encryption_keys == ()

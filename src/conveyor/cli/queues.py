@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from conveyor import types
+from conveyor import crypto, types
 from conveyor.cli import context, output
 from conveyor.cli.output import Column
 from conveyor.core import queues as ops
@@ -226,9 +226,9 @@ def reencrypt(obj) -> None:  # noqa: ANN001
     queues with encryptionEnabled) stored before encryption was turned on. Safe to run
     again; run it again if it reports rows other transactions held."""
     settings = obj.settings()
-    if settings.encryption_key is None:
+    if not settings.encryption_keys:
         raise click.ClickException("CONVEYOR_ENCRYPTION_KEY is not set: there is no key to seal with")
-    keyring = settings.encryption_key
+    keyring = crypto.Keyring.of(settings.encryption_keys)
 
     def report(n: int) -> None:
         if not obj.as_json:

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 
-from conveyor import errors
+from conveyor import errors, settings
 from conveyor.db import execute
+from conveyor.settings import DIALECTS
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,6 @@ CREATE TABLE IF NOT EXISTS conveyor.dialect_migrations (
     PRIMARY KEY (dialect, version)
 );
 """
-
-# dialect -> the schema it creates (also the name of the real extension it stands in for)
-DIALECTS = {"pgmq": "pgmq", "pgque": "pgque", "pgq": "pgq"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +104,11 @@ def migrations(dialect: str | None = None) -> list[Migration]:
 
 
 def parse_dialects(value: str | None) -> tuple[str, ...]:
-    """``"pgmq,pgq"`` -> ("pgmq", "pgq"), each checked."""
-    names = tuple(dict.fromkeys(n.strip().lower() for n in (value or "").split(",") if n.strip()))
-    for name in names:
-        if name not in DIALECTS:
-            raise errors.InvalidInput(f"unknown dialect {name!r}: choose from {', '.join(DIALECTS)}")
-    return names
+    """``"pgmq,pgq"`` -> ("pgmq", "pgq"), each checked (errors.InvalidInput)."""
+    try:
+        return settings.parse_dialects(value)
+    except ValueError as exc:
+        raise errors.InvalidInput(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import conveyor
-from conveyor import errors
+from conveyor import errors, tracing
 from conveyor.db import migrate
 from conveyor.db.pool import Database
 from conveyor.protocols import auth, jwt_tokens
@@ -134,6 +134,8 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
         log.warning("auth mode %s without CONVEYOR_AWS_CREDENTIALS: SQS and SNS requests are refused "
                     "unless they carry a bearer token", settings.auth_mode)
 
+    provider = tracing.configure(settings.tracing, settings.tracing_endpoint, settings.tracing_sample_rate)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await _startup(settings, database, open_timeout)
@@ -152,6 +154,8 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
             await supervisor.stop()
             await broker.stop()
             await database.close()
+            if provider is not None:
+                provider.shutdown()  # flushes the spans still batched
 
     v1 = rest.app(broker, conveyor.__version__)
     v1.add_exception_handler(Exception, _internal_error)

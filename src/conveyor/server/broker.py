@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from conveyor import crypto, errors, types
+from conveyor import crypto, errors, tracing, types
 from conveyor.core import messages, partitioned, queues, receipts, signing, streams, topics
 from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
@@ -41,6 +41,19 @@ async def _first_woken(waiters: Sequence[Any], timeout: float) -> None:
     finally:
         for t in tasks:
             t.cancel()
+
+
+def _traced(batch: Sequence[types.OutgoingMessage]) -> Sequence[types.OutgoingMessage]:
+    """Messages carrying the trace of the request that sends them (conveyor.tracing): an
+    AWSTraceHeader the client set is theirs already; others get the request's traceparent."""
+    traceparent = tracing.current_traceparent()
+    if traceparent is None:
+        return batch
+    stamp = {"traceparent": {"DataType": "String", "StringValue": traceparent}}
+    return [m if m.system_attributes and ("AWSTraceHeader" in m.system_attributes
+                                          or "traceparent" in m.system_attributes)
+            else dataclasses.replace(m, system_attributes={**(m.system_attributes or {}), **stamp})
+            for m in batch]
 
 
 def _split(items: Sequence, sizes: Sequence[int]) -> list[list]:
@@ -79,7 +92,8 @@ class ServerBroker:
                 "pq_renew": fuser("renew", self._pq_renew_fused, settings.fusion_max_batch, len),
             }
         self._queue_cache: dict[str, tuple[types.Queue, float]] = {}
-        self._pq_cache: dict[str, tuple[bool, float]] = {}  # partitioned queue: encryptionEnabled
+        self._pq_cache: dict[str, tuple[bool, float]] = {}
+        self.keyring = crypto.Keyring.of(settings.encryption_keys) if settings.encryption_keys else None  # partitioned queue: encryptionEnabled
         self.waiters = WaiterHub(database.dsn, self._mark_listened, listen_seconds=settings.listen_seconds,
                                  poll_fallback=settings.poll_fallback_seconds)
         self._signer: signing.Signer | None = None
@@ -129,13 +143,13 @@ class ServerBroker:
     # -- encryption at rest (conveyor.crypto) ------------------------------------------
 
     def can_encrypt(self) -> bool:
-        return self.settings.encryption_key is not None
+        return self.keyring is not None
 
     def _keyring(self, what: str) -> crypto.Keyring:
-        if self.settings.encryption_key is None:
+        if self.keyring is None:
             raise errors.Unavailable(f"{what} is encrypted and this server has no encryption key "
                                      "(CONVEYOR_ENCRYPTION_KEY)")
-        return self.settings.encryption_key
+        return self.keyring
 
     async def _sealed(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> Sequence[types.OutgoingMessage]:
         q = await self.queue(queue)
@@ -203,7 +217,7 @@ class ServerBroker:
         return out
 
     async def send(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
-        batch = await self._sealed(queue, batch)
+        batch = await self._sealed(queue, _traced(batch))
         if "send" in self.fusers:
             return await self._fused("send", queue, batch)
         return await self._send_batch(queue, batch)
@@ -436,7 +450,7 @@ class ServerBroker:
         signer = await self.signer()
         async with self.database.connection() as conn:
             published = await topics.publish(conn, routing_key, publication, signer=signer, urls=urls,
-                                             keyring=self.settings.encryption_key)
+                                             keyring=self.keyring)
         self.metrics.record_published(topic, published)
         for queue in published.queues:
             self.metrics.series(self.metrics.sent, queue).inc()

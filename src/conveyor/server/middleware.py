@@ -9,7 +9,7 @@ import orjson
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor import errors
+from conveyor import errors, tracing
 from conveyor.protocols import auth
 from conveyor.server.metrics import Metrics
 
@@ -64,11 +64,19 @@ class Telemetry:
             await send(message)
 
         self.metrics.http_active.inc()
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            self.metrics.http_active.dec()
-            self._record(scope["method"], _route_label(scope), status, time.perf_counter() - started)
+        headers = ({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+                   if tracing.enabled() else {})
+        with tracing.request_span(scope["method"], scope["path"], headers) as span:
+            try:
+                await self.app(scope, receive, send_wrapper)
+            finally:
+                self.metrics.http_active.dec()
+                route = _route_label(scope)
+                self._record(scope["method"], route, status, time.perf_counter() - started)
+                if span is not None:
+                    span.update_name(f"{scope['method']} {route}")
+                    span.set_attribute("http.response.status_code", status)
+                    span.set_attribute("http.route", route)
 
 
 class Auth:

@@ -34,7 +34,7 @@ import aiohttp
 import aiohttp.abc
 import yarl
 
-from conveyor import errors, types
+from conveyor import errors, tracing, types
 from conveyor.core import topics
 from conveyor.db.pool import Database
 from conveyor.server import egress
@@ -162,8 +162,9 @@ async def step(database: Database, metrics: Metrics, http: aiohttp.ClientSession
         claimed = await topics.delivery_claim(conn, config.batch, config.lease_seconds)
     if not claimed:
         return 0
-    outcomes = await asyncio.gather(*(attempt(http, config, d) for d in claimed))
-    await record(database, metrics, claimed, list(outcomes))
+    with tracing.job_span("webhooks.deliver"):
+        outcomes = await asyncio.gather(*(attempt(http, config, d) for d in claimed))
+        await record(database, metrics, claimed, list(outcomes))
     return len(claimed)
 
 

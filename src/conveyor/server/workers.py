@@ -10,7 +10,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from conveyor import errors
+from conveyor import errors, tracing
 from conveyor.core import move_tasks, partitioned, queues, streams
 from conveyor.db import pool
 from conveyor.db.pool import Database
@@ -25,7 +25,8 @@ async def every(interval: float, name: str, job: Callable[[], Awaitable[object]]
     """Run ``job`` now and then every ``interval`` seconds; failures are logged, not fatal."""
     while True:
         try:
-            await job()
+            with tracing.job_span(name):
+                await job()
         except errors.ConveyorError as exc:
             log.warning("%s failed: %s", name, exc)
         except Exception:

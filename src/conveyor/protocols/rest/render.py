@@ -73,6 +73,9 @@ def message(m: types.Message, receipt: str) -> dict[str, Any]:
     if m.group_id is not None:
         out["group_id"] = m.group_id
         out["dedup_id"] = m.dedup_id
+    traceparent = (m.system_attributes or {}).get("traceparent")
+    if traceparent:  # the sender's trace, for the consumer to continue (conveyor.tracing)
+        out["traceparent"] = traceparent.get("StringValue")
     if m.sender_id is not None:
         out["sender_id"] = m.sender_id
     return out
