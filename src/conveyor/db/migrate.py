@@ -57,7 +57,7 @@ CREATE TABLE IF NOT EXISTS conveyor.dialect_migrations (
 """
 
 # dialect -> the schema it creates (also the name of the real extension it stands in for)
-DIALECTS = {"pgmq": "pgmq", "pgque": "pgque", "pgq": "pgq"}
+DIALECTS = {"pgmq": "pgmq", "pgque": "pgque", "pgq": "pgq", "hq": "hq"}
 
 
 @dataclass(frozen=True, slots=True)
