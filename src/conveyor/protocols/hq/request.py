@@ -23,12 +23,14 @@ from conveyor.protocols.rest import render
 I64_MAX = 2**63 - 1
 
 
-class HqError(errors.ConveyorError):
-    """An answer in hq's own words and status (e.g. 422 ``max_attempts must be >= 1``)."""
+class HqError(Exception):
+    """An answer in hq's own words and status (e.g. 422 ``max_attempts must be >= 1``):
+    hq's, so not part of Conveyor's error tree; rendered at the same edge."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+        self.message = message
 
 
 def broker(request: Request) -> Broker:
@@ -58,7 +60,7 @@ def text(status: int, message: str, headers: Mapping[str, str] | None = None) ->
     return Response(message, status_code=status, media_type="text/plain; charset=utf-8", headers=headers)
 
 
-def error(exc: errors.ConveyorError) -> Response:
+def error(exc: errors.ConveyorError | HqError) -> Response:
     """A Conveyor error as hq answers errors: its status, the reason as plain text."""
     if isinstance(exc, HqError):
         return text(exc.status, exc.message)

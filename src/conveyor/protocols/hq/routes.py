@@ -58,7 +58,7 @@ def _guarded(endpoint: Endpoint) -> Handler:
             if not identity.may(endpoint.role):
                 raise errors.PermissionDenied(f"this needs the {endpoint.role} role; the caller has {identity.role}")
             return await endpoint.handler(request)
-        except errors.ConveyorError as exc:
+        except (errors.ConveyorError, req.HqError) as exc:
             return req.error(exc)
 
     return handle
