@@ -38,7 +38,7 @@ def parse_fusion_policies(value: str) -> dict[str, tuple[int, float]]:
 
 # dialect -> the schema it creates (also the name of the real extension it stands in for);
 # installed by conveyor.db.migrate
-DIALECTS = {"pgmq": "pgmq", "pgque": "pgque", "pgq": "pgq"}
+DIALECTS = {"pgmq": "pgmq", "pgque": "pgque", "pgq": "pgq", "hq": "hq"}
 
 
 def parse_dialects(value: str | None) -> tuple[str, ...]:
@@ -212,6 +212,7 @@ class Settings:
     shutdown_timeout: float = 10.0
     log_level: str = "info"
     queen_port: int | None = None  # also serve on this port (Queen's default: 6632)
+    hq_port: int | None = None  # also serve on this port, hq's API at its root (hq's default: 9999)
     log_format: str = "text"  # or "json": one JSON object per line (conveyor.logs)
     # a request still running after this many seconds is answered 408 (0: never); time a
     # long poll spends waiting for messages does not count
@@ -250,6 +251,8 @@ class Settings:
             raise ValueError(f"port must be from 1 to 65535, got {self.port}")
         if self.queen_port is not None and (not 1 <= self.queen_port <= 65535 or self.queen_port == self.port):
             raise ValueError(f"the Queen port must be from 1 to 65535 and not the server's port, got {self.queen_port}")
+        if self.hq_port is not None:
+            self._check_hq_port()
         if not 1 <= self.workers <= 64:
             raise ValueError(f"workers must be from 1 to 64, got {self.workers}")
         if self.pool_min < 1 or self.pool_max < self.pool_min:
@@ -270,6 +273,15 @@ class Settings:
             raise ValueError("webhook timeout and poll must be > 0 seconds and the batch at least 1")
         if self.schedule_poll_seconds <= 0 or not 1 <= self.schedule_batch_size <= 10000:
             raise ValueError("schedule poll must be > 0 seconds and the batch size from 1 to 10000")
+
+    def _check_hq_port(self) -> None:
+        """hq's port is a port of its own; hq's routes need the hq dialect, installed with it."""
+        assert self.hq_port is not None
+        if not 1 <= self.hq_port <= 65535 or self.hq_port in (self.port, self.queen_port):
+            raise ValueError(f"the hq port must be from 1 to 65535 and not the server's or Queen's port, "
+                             f"got {self.hq_port}")
+        if "hq" not in self.dialects:
+            object.__setattr__(self, "dialects", (*self.dialects, "hq"))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -293,6 +305,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "port": ("CONVEYOR_PORT", int),
     "workers": ("CONVEYOR_WORKERS", int),
     "queen_port": ("CONVEYOR_QUEEN_PORT", int),
+    "hq_port": ("CONVEYOR_HQ_PORT", int),
     "pool_min": ("CONVEYOR_POOL_MIN", int),
     "pool_max": ("CONVEYOR_POOL_MAX", int),
     "migrate": ("CONVEYOR_MIGRATE", _bool),

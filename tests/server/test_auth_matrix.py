@@ -1,6 +1,6 @@
 """One authentication policy for every protocol: each auth mode, with and without AWS
-credentials, against REST, SQS (JSON and Query) and SNS (JSON and Query), unsigned,
-wrongly signed and correctly signed; each refusal in the protocol's own terms. Plus the
+credentials, against REST, Queen, hq (under /hq and on its own port), SQS (JSON and
+Query) and SNS (JSON and Query), unsigned, wrongly signed and correctly signed; each refusal in the protocol's own terms. Plus the
 holes this policy closed: an SNS "unsubscribe link" carrying another action, and AWS
 requests in token mode with a wrong bearer token."""
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from queen import Queen
 
-from support.server import ServerProcess
+from support.server import ServerProcess, free_port
 from support.sns_clients import sns_client
 from support.sqs_clients import client as sqs_client
 
@@ -25,7 +25,7 @@ CREDENTIALS = "AKIDCONVEYORTEST:good-secret,AKIDREADER:reader-secret:read"
 # (mode, AWS credentials configured)
 SERVERS = [("none", False), ("none", True), ("header", False), ("header", True), ("token", False), ("token", True)]
 KINDS = ("unsigned", "wrong", "correct")
-PROTOCOLS = ("rest", "queen", "sqs-json", "sqs-query", "sns-json", "sns-query")
+PROTOCOLS = ("rest", "queen", "hq", "hq-port", "sqs-json", "sqs-query", "sns-json", "sns-query")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def servers(module_dsn):
     started = {}
     try:
         for mode, creds in SERVERS:
-            env = {"CONVEYOR_AUTH": mode, "CONVEYOR_AUTH_TOKENS": TOKENS}
+            env = {"CONVEYOR_AUTH": mode, "CONVEYOR_AUTH_TOKENS": TOKENS, "CONVEYOR_HQ_PORT": str(free_port())}
             if creds:
                 env["CONVEYOR_AWS_CREDENTIALS"] = CREDENTIALS
             started[(mode, creds)] = ServerProcess(module_dsn, env=env).start()
@@ -45,7 +45,7 @@ def servers(module_dsn):
 
 def expected(protocol: str, mode: str, creds: bool, kind: str) -> str | None:
     """The refusal code a request gets, None if it is served."""
-    if protocol in ("rest", "queen"):
+    if protocol in ("rest", "queen", "hq", "hq-port"):
         if mode == "none" or kind == "correct" or (mode == "header" and kind == "wrong"):
             return None
         return "Unauthorized"
@@ -58,12 +58,18 @@ def expected(protocol: str, mode: str, creds: bool, kind: str) -> str | None:
     return "MissingAuthenticationToken" if kind == "unsigned" else "InvalidClientTokenId"  # token, no keys
 
 
-def call(url: str, protocol: str, kind: str) -> str | None:
+def _hq_url(server: ServerProcess) -> str:
+    return f"http://127.0.0.1:{server.env['CONVEYOR_HQ_PORT']}"
+
+
+def call(server: ServerProcess, protocol: str, kind: str) -> str | None:
     """One harmless call; the error code it got, None on success."""
-    if protocol == "rest":
+    url = server.url
+    paths = {"rest": url + "/v1/queues", "hq": url + "/hq/queues", "hq-port": _hq_url(server) + "/queues"}
+    if protocol in paths:
         headers = {"unsigned": {}, "wrong": {"Authorization": "Bearer wrong"},
                    "correct": {"Authorization": "Bearer good-token"}}[kind]
-        r = httpx.get(url + "/v1/queues", headers=headers)
+        r = httpx.get(paths[protocol], headers=headers)
         return None if r.status_code == 200 else r.json()["code"]
     if protocol == "queen":  # Queen's own client, as its users configure it
         token = {"unsigned": None, "wrong": "wrong", "correct": "good-token"}[kind]
@@ -98,7 +104,7 @@ async def _queen_call(url: str, token: str | None) -> str | None:
 @pytest.mark.parametrize("mode,creds", SERVERS)
 def test_every_protocol_in_every_mode(servers, mode, creds):
     server = servers[(mode, creds)]
-    got = {(p, k): call(server.url, p, k) for p in PROTOCOLS for k in KINDS}
+    got = {(p, k): call(server, p, k) for p in PROTOCOLS for k in KINDS}
     want = {(p, k): expected(p, mode, creds, k) for p in PROTOCOLS for k in KINDS}
     assert got == want
 
@@ -174,8 +180,14 @@ def test_open_paths_stay_open_and_everything_else_is_covered(servers):
     server = servers[("token", True)]
     for path in ("/livez", "/readyz", "/metrics", "/v1/openapi.json", "/SimpleNotificationService.pem"):
         assert httpx.get(server.url + path).status_code == 200, path
-    for path in ("/v1/queues", "/v1/nothing-here", "/api/v1/resources/queues", "/anything"):
+    for path in ("/v1/queues", "/v1/nothing-here", "/api/v1/resources/queues", "/anything", "/hq/queues"):
         r = httpx.get(server.url + path, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 403, (path, r.status_code)
+    # hq's port: health and metrics as on every port, everything else hq's and covered
+    for path in ("/livez", "/readyz", "/metrics"):
+        assert httpx.get(_hq_url(server) + path).status_code == 200, path
+    for path in ("/queues", "/queues/q/receive", "/v1/openapi.json", "/anything"):
+        r = httpx.get(_hq_url(server) + path, headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 403, (path, r.status_code)
 
 

@@ -18,6 +18,9 @@ log = logging.getLogger("conveyor.serve")
 @click.option("--queen-port", envvar="CONVEYOR_QUEEN_PORT", type=int, default=None,
               help="Also serve on this port, e.g. 6632, Queen's default: the same server (Queen's API is at "
                    "/api/v1 on both ports) [env CONVEYOR_QUEEN_PORT].")
+@click.option("--hq-port", envvar="CONVEYOR_HQ_PORT", type=int, default=None,
+              help="Also serve on this port, e.g. 9999, hq's default: hq's API at the root, as hq clients expect "
+                   "(it is at /hq on every port); installs the hq dialect [env CONVEYOR_HQ_PORT].")
 @click.option("--workers", envvar="CONVEYOR_WORKERS", type=int, default=None,
               help="Server processes sharing the port, one per core to use "
                    "[env CONVEYOR_WORKERS; default 1].")
@@ -30,14 +33,16 @@ log = logging.getLogger("conveyor.serve")
 @click.option("--log-format", envvar="CONVEYOR_LOG_FORMAT", default=None, type=click.Choice(["text", "json"]),
               help="Log lines as text, or one JSON object per line [env CONVEYOR_LOG_FORMAT; default text].")
 @click.pass_obj
-def serve(obj, host, port, queen_port, workers, auth_mode, fusion, migrate, log_level, log_format) -> None:  # noqa: ANN001
-    """Run the server (SQS, SNS, REST, Queen's API, health, metrics; the stream ticker,
+def serve(obj, host, port, queen_port, hq_port, workers, auth_mode, fusion, migrate, log_level,  # noqa: ANN001
+          log_format) -> None:  # noqa: ANN001
+    """Run the server (SQS, SNS, REST, Queen's API, hq's API, health, metrics; the stream ticker,
     scheduler and webhook deliveries) until SIGTERM or Ctrl-C.
 
     Without DATABASE_URL it starts (and on exit stops) Conveyor's embedded PostgreSQL."""
     from conveyor.server import run
 
-    settings = obj.settings(host=host, port=port, queen_port=queen_port, workers=workers, auth_mode=auth_mode, fusion=fusion,
+    settings = obj.settings(host=host, port=port, queen_port=queen_port, hq_port=hq_port, workers=workers,
+                            auth_mode=auth_mode, fusion=fusion,
                             migrate=migrate, log_level=log_level, log_format=log_format)
     logs.configure(settings.log_format, settings.log_level)
     with context.database_url(settings) as dsn:

@@ -23,6 +23,7 @@ from conveyor.db.pool import Database
 from conveyor.protocols import auth, jwt_tokens
 from conveyor.protocols.aws import gateway as aws_gateway
 from conveyor.protocols.aws import service as aws_service
+from conveyor.protocols.hq import routes as hq
 from conveyor.protocols.queen import routes as queen
 from conveyor.protocols.rest import render
 from conveyor.protocols.rest import routes as rest
@@ -68,9 +69,12 @@ def _aws_path(path: str) -> dict[str, str] | None:
     if path == "/":
         return {}
     account, sep, queue = path[1:].partition("/")
-    if sep and account and queue and account != "v1" and "/" not in queue:
+    if sep and account and queue and account not in ("v1", "hq") and "/" not in queue:
         return {"account_id": account, "queue_name": queue}
     return None
+
+
+_EVERY_PORT = frozenset({"/livez", "/readyz", "/metrics"})
 
 
 class App(Starlette):
@@ -80,11 +84,21 @@ class App(Starlette):
     the REST API needs. Those are the hot calls of SQS clients; the layers skipped cost
     70-100 us of a SendMessage's ~580 us of server CPU (measured in process)."""
 
-    def __init__(self, *, aws: ASGIApp, **kwargs: Any) -> None:
+    def __init__(self, *, aws: ASGIApp, hq_port: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._aws = aws
+        self._hq_port = hq_port
+
+    def _on_hq_port(self, scope: Scope) -> bool:
+        """Whether a request came to the hq port (whose root is hq's API) for other than
+        health and metrics, which every port serves."""
+        server = scope.get("server")
+        return (self._hq_port is not None and server is not None and server[1] == self._hq_port
+                and scope["path"] not in _EVERY_PORT)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self._on_hq_port(scope):
+            scope = hq.at_root(scope)  # then served as /hq/..., through the same middleware
         if scope["type"] == "http" and scope["method"] in ("POST", "GET"):
             params = _aws_path(scope["path"])
             if params is not None:
@@ -161,6 +175,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
     v1.add_exception_handler(Exception, _internal_error)
     queen_v1 = queen.app(broker)
     queen_v1.add_exception_handler(Exception, _internal_error)
+    hq_api = hq.app(broker)
     app = App(
         aws=middleware.Telemetry(middleware.Admission(deadline.Deadline(
             middleware.BodyLimit(_aws_endpoint, limit=settings.max_request_bytes),
@@ -171,6 +186,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
             Route("/metrics", health.metrics, methods=["GET"]),
             Mount("/v1", v1),
             Mount("/api/v1", queen_v1),  # Queen's HTTP API (docs/queen.md)
+            Mount(hq.PREFIX, hq_api),  # hq's HTTP API, also at the root of the hq port (docs/dialects/hq.md)
             Route("/SimpleNotificationService.pem", sns_certificate.certificate, methods=["GET"]),
         ],
         middleware=[
@@ -183,6 +199,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
         ],
         exception_handlers={Exception: _internal_error, HTTPException: rest.http_error},
         lifespan=lifespan,
+        hq_port=settings.hq_port,
     )
     app.state.aws = aws_service.Endpoint(  # what the SQS and SNS endpoints know of the server
         broker=broker, region=settings.region, account_id=settings.account_id, base_url=settings.base_url,

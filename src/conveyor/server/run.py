@@ -66,13 +66,15 @@ def _config(app: object, settings: Settings) -> uvicorn.Config:
 
 
 def _sockets(settings: Settings) -> list[socket.socket]:
-    """The listening sockets: the server's port, and Queen's (``queen_port``) if asked for:
-    the same app answers on both."""
+    """The listening sockets: the server's port, and Queen's (``queen_port``) and hq's
+    (``hq_port``) if asked for: the same app answers on each (on hq's, hq's API is at the
+    root: the app tells the ports apart)."""
     config = _config(None, settings)
     sockets = [config.bind_socket()]
-    if settings.queen_port is not None:
-        config.port = settings.queen_port
-        sockets.append(config.bind_socket())
+    for extra in (settings.queen_port, settings.hq_port):
+        if extra is not None:
+            config.port = extra
+            sockets.append(config.bind_socket())
     return sockets
 
 
