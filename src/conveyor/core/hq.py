@@ -24,4 +24,4 @@ class Located:
 async def locate(conn: Connection, message_uuid: UUID) -> Located | None:
     """The live message with this UUID, None if there is none (never sent, or already
     completed, failed or deleted)."""
-    return await db.fetch_one(conn, "hq_message_locate", {"message_uuid": message_uuid}, row=Located)
+    return await db.fetch_one(conn, "message_hq_locate", {"message_uuid": message_uuid}, row=Located)

@@ -39,7 +39,7 @@ SELECT m.partition_id, m.seq, m.payload, m.is_encrypted
   FROM conveyor.partition_messages m
   JOIN conveyor.partitions p ON p.id = m.partition_id
   JOIN conveyor.pqueues q ON q.id = p.queue_id
- WHERE CASE WHEN m.is_encrypted THEN split_part(m.payload #>> '{}', ':', 1) <> %(kid)s::text
+ WHERE CASE WHEN m.is_encrypted THEN split_part(m.payload #>> ARRAY[]::text[], ':', 1) <> %(kid)s::text
             ELSE q.encryption_enabled END
  ORDER BY m.partition_id, m.seq
  LIMIT %(limit)s::integer
@@ -54,7 +54,7 @@ RETURNING m.seq
 -- name: pqueue_seal_dead_letter_pending
 SELECT d.id, d.payload, d.is_encrypted
   FROM conveyor.partition_dead_letters d JOIN conveyor.pqueues q ON q.id = d.queue_id
- WHERE CASE WHEN d.is_encrypted THEN split_part(d.payload #>> '{}', ':', 1) <> %(kid)s::text
+ WHERE CASE WHEN d.is_encrypted THEN split_part(d.payload #>> ARRAY[]::text[], ':', 1) <> %(kid)s::text
             ELSE q.encryption_enabled END
  ORDER BY d.id
  LIMIT %(limit)s::integer
