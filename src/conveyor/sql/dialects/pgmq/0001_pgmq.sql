@@ -94,17 +94,17 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The Conveyor queue name for a pgmq call, or pgmq's errors: invalid characters, and for
--- a queue that does not exist the error pgmq gets from its missing table.
+-- a queue that does not exist the error pgmq gets from its missing table. (A name with
+-- pgmq's invalid characters is never a Conveyor queue, so they are checked only when
+-- nothing is found: one function call less on every call that succeeds.)
 CREATE FUNCTION pgmq._queue(queue_name text) RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    table_name text := pgmq.format_table_name(queue_name, 'q');
-    found text;
+    found text := pgmq._find(queue_name);
 BEGIN
-    found := pgmq._find(queue_name);
     IF found IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '42P01',
-            MESSAGE = format('relation "pgmq.%s" does not exist', coalesce(table_name, 'q_'));
+        RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('relation "pgmq.%s" does not exist',
+                                                                   coalesce(pgmq.format_table_name(queue_name, 'q'), 'q_'));
     END IF;
     RETURN found;
 END $$;
