@@ -1,0 +1,467 @@
+"""Conveyor's pgmq dialect (src/conveyor/sql/dialects/pgmq, docs/dialects/pgmq.md).
+
+Proof by pgmq's own clients, unmodified: the `pgmq` Python client (PyPI, pinned in the
+test extra) and pgmq-js (npm, tests/dialects/pgmq_js); and by comparison with the real
+pgmq, installed from the SQL its Python package ships into a database of its own: the
+same calls must answer the same rows and the same errors. Then what only Conveyor has to
+show: a pgmq queue is a Conveyor queue, read through SQS by boto3 against a real server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from pgmq import Message, QueueMetrics, QueueRecord, SyncPGMQueue
+
+from conftest import create_database, drop_database, unique_name
+from dialects import pgmq_support
+from support import sqs_clients
+from support.server import ServerProcess
+
+DOC = Path(__file__).parents[2] / "docs" / "dialects" / "pgmq.md"
+
+
+@pytest.fixture(scope="module")
+def pgmq_template(template_db: str) -> Iterator[str]:
+    """Conveyor's schema with the pgmq dialect installed, cloned per test."""
+    name = unique_name("conveyor_pgmq_tpl")
+    pgmq_support.install_dialect(create_database(name, template=template_db))
+    yield name
+    drop_database(name)
+
+
+@pytest.fixture
+def db(pgmq_template: str) -> Iterator[str]:
+    name = unique_name("conveyor_pgmq")
+    yield create_database(name, template=pgmq_template)
+    drop_database(name)
+
+
+@pytest.fixture
+def sql(db: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(db, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="module")
+def real_db() -> Iterator[str]:
+    """The real pgmq (plain-SQL install), for side-by-side answers."""
+    name = unique_name("conveyor_realpgmq")
+    dsn = create_database(name)
+    pgmq_support.install_real_pgmq(dsn)
+    yield dsn
+    drop_database(name)
+
+
+@pytest.fixture
+def q() -> str:
+    return f"q_{uuid.uuid4().hex[:10]}"
+
+
+@contextlib.contextmanager
+def sqlstate(code: str, match: str) -> Iterator[None]:
+    """The statement fails with this SQLSTATE (Conveyor's own CV codes too) and message."""
+    with pytest.raises(psycopg.Error, match=match) as caught:
+        yield
+    assert caught.value.sqlstate == code
+
+
+def scalar(conn: psycopg.Connection, query: str, params: tuple[object, ...] = ()) -> object:
+    row = conn.execute(query.encode(), params).fetchone()
+    return row[0] if row else None
+
+
+# -- the pgmq Python client, unmodified --------------------------------------------------
+
+def test_python_client(db: str, q: str) -> None:
+    client = SyncPGMQueue(conn_string=db, init_extension=False, pool_size=2)
+    try:
+        client.create_queue(q)
+        client.create_queue(q + "_u", unlogged=True)
+        client.create_partitioned_queue(q + "_p", partition_interval="1 day", retention_interval="7 days")
+        with pytest.warns(UserWarning):
+            listed = {r.queue_name: r for r in client.list_queues()}
+        assert isinstance(listed[q], QueueRecord)
+        assert (listed[q].is_unlogged, listed[q].is_partitioned) == (False, False)
+        assert (listed[q + "_u"].is_unlogged, listed[q + "_p"].is_partitioned) == (True, True)
+
+        first = client.send(q, {"n": 1}, headers={"trace": "t1"})
+        later = client.send(q, {"n": 2}, delay=600)
+        at = client.send(q, {"n": 3}, delay=datetime.now(UTC) + timedelta(hours=1))
+        batch = client.send_batch(q, [{"n": 4}, {"n": 5}, {"n": 6}])
+        assert [first, later, at, *batch] == [1, 2, 3, 4, 5, 6]
+
+        one = client.read(q, vt=30)
+        assert isinstance(one, Message)
+        assert (one.msg_id, one.read_ct, one.message, one.headers) == (1, 1, {"n": 1}, {"trace": "t1"})
+        assert one.last_read_at is not None and one.vt > one.last_read_at
+        many = client.read(q, vt=30, qty=10)
+        assert [m.msg_id for m in many] == [4, 5, 6]
+        assert client.read_with_poll(q, vt=30, qty=5, max_poll_seconds=1, poll_interval_ms=50) == []
+
+        again = client.set_vt(q, 1, 0)
+        assert again.msg_id == 1 and again.vt <= datetime.now(UTC)
+        assert [m.msg_id for m in client.set_vt(q, [4, 5], 0)] == [4, 5]
+        assert client.set_vt(q, 6, datetime.now(UTC) - timedelta(seconds=1)).msg_id == 6
+        reread = client.read_with_poll(q, vt=30, qty=1, max_poll_seconds=2)
+        assert [(m.msg_id, m.read_ct) for m in reread] == [(1, 2)]
+
+        popped = client.pop(q)
+        assert (popped.msg_id, popped.read_ct, popped.message) == (4, 1, {"n": 4})
+        assert [m.msg_id for m in client.pop(q, qty=5)] == [5, 6]
+
+        assert client.archive(q, 1) is True and client.archive(q, 1) is False
+        assert client.archive_batch(q, [2, 999]) == [2]
+        assert client.delete(q, 3) is True and client.delete(q, 3) is False
+        assert client.delete_batch(q, [999]) == []
+
+        client.send_batch(q, [{"n": 7}, {"n": 8}], headers=[{"h": 1}, {"h": 2}], delay=0)
+        metrics = client.metrics(q)
+        assert isinstance(metrics, QueueMetrics)
+        assert (metrics.queue_name, metrics.queue_length, metrics.total_messages, metrics.queue_visible_length) \
+            == (q, 2, 8, 2)
+        assert {m.queue_name for m in client.metrics_all()} >= {q, q + "_u", q + "_p"}
+        assert client.purge(q) == 2
+        assert client.metrics(q).queue_length == 0
+
+        assert client.drop_queue(q) is True
+        assert client.drop_queue(q) is False
+        with pytest.raises(psycopg.errors.UndefinedTable, match=f'relation "pgmq.q_{q}" does not exist'):
+            client.send(q, {"n": 0})
+    finally:
+        client.close()
+
+
+# -- pgmq-js, unmodified -----------------------------------------------------------------
+
+def test_pgmq_js_answers_as_against_real_pgmq(db: str, real_db: str, q: str) -> None:
+    pgmq_support.npm_ci()
+    ours = pgmq_support.run_js(db, q)
+    theirs = pgmq_support.run_js(real_db, q)
+    assert ours == theirs
+    assert ours["sent"] == [1, 2, 3, 4]
+    assert [m["msgId"] for m in ours["readBatch"]] == [1, 2, 3]
+    assert ours["list"][1] == {"name": q + "_unlogged", "isUnlogged": True, "isPartitioned": False,
+                               "createdAtIsDate": True}
+    # pgmq-js sends set_vt's arguments untyped, which pgmq 1.13's overloads make ambiguous:
+    # the real pgmq refuses the call just the same
+    assert ours["setVt"]["code"] == "42725"
+
+
+# -- the same SQL, the same answers as the real pgmq --------------------------------------
+
+SIDE_BY_SIDE = [
+    ("SELECT pgmq.create(%s)", ("{q}",)),
+    ("SELECT pgmq.create(%s)", ("{q}",)),
+    ("SELECT * FROM pgmq.send(%s, %s::jsonb)", ("{q}", '{"a": 1}')),
+    ("SELECT * FROM pgmq.send(%s, %s::jsonb, %s::jsonb)", ("{q}", '{"a": 2}', '{"h": "1"}')),
+    ("SELECT * FROM pgmq.send(%s, %s::jsonb, 60)", ("{q}", '{"a": 3}')),
+    ("SELECT * FROM pgmq.send(%s, %s::jsonb, now() + interval '1 hour')", ("{q}", "[1, 2]")),
+    ("SELECT * FROM pgmq.send(%s, %s::jsonb, %s::jsonb, 0)", ("{q}", '"text"', '{"h": "2"}')),
+    ("SELECT * FROM pgmq.send_batch(%s, ARRAY['{\"b\": 1}', '{\"b\": 2}']::jsonb[])", ("{q}",)),
+    ("SELECT * FROM pgmq.send_batch(%s, ARRAY['1', '2']::jsonb[], ARRAY['{\"x\": 1}', '{\"x\": 2}']::jsonb[])",
+     ("{q}",)),
+    ("SELECT * FROM pgmq.send_batch(%s, ARRAY['{}']::jsonb[], 30)", ("{q}",)),
+    ("SELECT * FROM pgmq.send_batch(%s, ARRAY[]::jsonb[])", ("{q}",)),
+    ("SELECT * FROM pgmq.send_batch(%s, ARRAY['1']::jsonb[], ARRAY['{}', '{}']::jsonb[])", ("{q}",)),
+    ("SELECT * FROM pgmq.read(%s, 30, 0)", ("{q}",)),
+    ("SELECT * FROM pgmq.read(%s, 30, -1)", ("{q}",)),
+    ("SELECT * FROM pgmq.read(%s, 30, 20) ORDER BY msg_id", ("{q}",)),
+    ("SELECT * FROM pgmq.read(%s, 30, 20)", ("{q}",)),
+    ("SELECT * FROM pgmq.read_with_poll(%s, 30, 5, 1, 100)", ("{q}",)),
+    ("SELECT * FROM pgmq.set_vt(%s, 1, 0)", ("{q}",)),
+    ("SELECT * FROM pgmq.set_vt(%s, 999, 0)", ("{q}",)),
+    ("SELECT * FROM pgmq.read(%s, 30, 1)", ("{q}",)),
+    ("SELECT * FROM pgmq.set_vt(%s, ARRAY[2, 6]::bigint[], 0) ORDER BY msg_id", ("{q}",)),
+    ("SELECT * FROM pgmq.set_vt(%s, 7::bigint, now() - interval '1 second')", ("{q}",)),
+    ("SELECT * FROM pgmq.pop(%s)", ("{q}",)),
+    ("SELECT * FROM pgmq.pop(%s, 10) ORDER BY msg_id", ("{q}",)),
+    ("SELECT * FROM pgmq.pop(%s)", ("{q}",)),
+    ("SELECT pgmq.archive(%s, 1::bigint), pgmq.archive(%s, 1::bigint)", ("{q}", "{q}")),
+    ("SELECT * FROM pgmq.archive(%s, ARRAY[8, 999]::bigint[])", ("{q}",)),
+    ("SELECT pgmq.delete(%s, 3::bigint), pgmq.delete(%s, 3::bigint)", ("{q}", "{q}")),
+    ("SELECT * FROM pgmq.delete(%s, ARRAY[4, 999]::bigint[])", ("{q}",)),
+    ("SELECT msg_id, read_ct, message, headers FROM pgmq.q_{q} ORDER BY msg_id", ()),
+    ("SELECT msg_id, read_ct, message, headers FROM pgmq.a_{q} ORDER BY msg_id", ()),
+    ("SELECT queue_name, queue_length, total_messages, queue_visible_length, default_partition_length"
+     " FROM pgmq.metrics(%s)", ("{q}",)),
+    ("SELECT queue_name, is_partitioned, is_unlogged FROM pgmq.list_queues() WHERE queue_name = %s", ("{q}",)),
+    ("SELECT pgmq.purge_queue(%s)", ("{q}",)),
+    ("SELECT * FROM pgmq.read(%s, 30, 1)", ("{q}_nope",)),
+    ("SELECT * FROM pgmq.read_with_poll(%s, 30, 1, 1)", ("{q}_nope",)),
+    ("SELECT * FROM pgmq.send(%s, '1')", ("{q}_nope",)),
+    ("SELECT * FROM pgmq.send_batch(%s, ARRAY['1']::jsonb[])", ("{q}_nope",)),
+    ("SELECT * FROM pgmq.pop(%s)", ("{q}_nope",)),
+    ("SELECT pgmq.archive(%s, 1::bigint)", ("{q}_nope",)),
+    ("SELECT pgmq.delete(%s, ARRAY[1]::bigint[])", ("{q}_nope",)),
+    ("SELECT * FROM pgmq.set_vt(%s, 1, 1)", ("{q}_nope",)),
+    ("SELECT * FROM pgmq.metrics(%s)", ("{q}_nope",)),
+    ("SELECT pgmq.purge_queue(%s)", ("{q}_nope",)),
+    ("SELECT * FROM pgmq.read(%s, 30, 1)", ("bad;name",)),
+    ("SELECT pgmq.create(%s)", ("bad$name",)),
+    ("SELECT pgmq.create(%s)", ("x" * 48,)),
+    ("SELECT pgmq.validate_queue_name(%s)", ("x" * 48,)),
+    ("SELECT pgmq.format_table_name(%s, 'q')", ("MixedCase",)),
+    ("SELECT pgmq.detach_archive(%s)", ("{q}",)),
+    ("SELECT pgmq.drop_queue(%s)", ("{q}_nope",)),
+    ("SELECT pgmq.drop_queue(%s)", ("{q}",)),
+    ("SELECT pgmq.drop_queue(%s)", ("{q}",)),
+    ("SELECT count(*) FROM pgmq.list_queues() WHERE queue_name = %s", ("{q}",)),
+]
+
+
+def test_same_answers_as_real_pgmq(sql: psycopg.Connection, real_db: str, q: str) -> None:
+    with psycopg.connect(real_db, autocommit=True) as real:
+        for statement, params in SIDE_BY_SIDE:
+            query = statement.replace("{q}", q)
+            bound = tuple(p.replace("{q}", q) for p in params)
+            ours, theirs = pgmq_support.outcome(sql, query, bound), pgmq_support.outcome(real, query, bound)
+            assert ours == theirs, query
+
+
+# -- semantics and errors -----------------------------------------------------------------
+
+def test_read_ct_and_visibility(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    sql.execute("SELECT pgmq.send(%s, '{\"job\": 1}')", (q,))
+    first = sql.execute("SELECT msg_id, read_ct, vt - last_read_at FROM pgmq.read(%s, 1, 1)", (q,)).fetchone()
+    assert first == (1, 1, timedelta(seconds=1))
+    assert sql.execute("SELECT * FROM pgmq.read(%s, 1, 1)", (q,)).fetchall() == []
+    time.sleep(1.1)
+    assert sql.execute("SELECT msg_id, read_ct FROM pgmq.read(%s, 0, 1)", (q,)).fetchall() == [(1, 2)]
+    # vt 0 (and a negative vt, as in pgmq) leaves it visible at once
+    assert sql.execute("SELECT msg_id, read_ct FROM pgmq.read(%s, -5, 1)", (q,)).fetchall() == [(1, 3)]
+    assert sql.execute("SELECT read_ct FROM pgmq.q_" + q).fetchall() == [(3,)]
+
+
+def test_delays_beyond_a_send(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    # Conveyor's send delays up to 900 s; the dialect sets longer ones in the same call
+    mid = scalar(sql, "SELECT * FROM pgmq.send(%s, '1', 3600)", (q,))
+    hidden = scalar(sql, "SELECT vt - now() FROM pgmq.q_" + q + " WHERE msg_id = %s", (mid,))
+    assert timedelta(seconds=3590) < hidden <= timedelta(seconds=3601)  # type: ignore[operator]
+    with sqlstate("CVV01", "at most 43200 seconds"):
+        sql.execute("SELECT * FROM pgmq.send(%s, '1', 50000)", (q,))
+    with sqlstate("CVV01", "vt must be from 0 to 43200"):
+        sql.execute("SELECT * FROM pgmq.read(%s, 50000, 1)", (q,))
+
+
+def test_batches_larger_than_the_engine_takes_at_once(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    ids = sql.execute("SELECT * FROM pgmq.send_batch(%s, array_fill('{}'::jsonb, ARRAY[10050]))", (q,)).fetchall()
+    assert [i for (i,) in ids] == list(range(1, 10051))
+    assert scalar(sql, "SELECT count(*) FROM pgmq.read(%s, 30, 2500)", (q,)) == 2500
+    assert scalar(sql, "SELECT count(*) FROM pgmq.pop(%s, 1500)", (q,)) == 1500
+    assert scalar(sql, "SELECT count(*) FROM pgmq.read(%s, 30, NULL)", (q,)) == 10050 - 4000
+
+
+def test_read_with_poll_waits_for_a_send(sql: psycopg.Connection, db: str, q: str) -> None:
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    started = time.monotonic()
+    assert sql.execute("SELECT * FROM pgmq.read_with_poll(%s, 30, 1, 1, 50)", (q,)).fetchall() == []
+    assert 0.9 < time.monotonic() - started < 3
+
+    def send_later() -> None:
+        time.sleep(0.5)
+        with psycopg.connect(db, autocommit=True) as other:
+            other.execute("SELECT pgmq.send(%s, '{\"late\": true}')", (q,))
+
+    sender = threading.Thread(target=send_later)
+    sender.start()
+    started = time.monotonic()
+    rows = sql.execute("SELECT msg_id, message FROM pgmq.read_with_poll(%s, 30, 5, 5, 50)", (q,)).fetchall()
+    sender.join()
+    assert rows == [(1, {"late": True})]
+    assert time.monotonic() - started < 3
+
+
+def test_conditional_read_is_refused_clearly(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="conditional reads are not supported"):
+        sql.execute("SELECT * FROM pgmq.read(%s, 30, 1, '{\"a\": 1}')", (q,))
+    assert sql.execute("SELECT * FROM pgmq.read(%s, 30, 1, '{}')", (q,)).fetchall() == []
+
+
+def test_names(sql: psycopg.Connection) -> None:
+    # pgmq addresses q_<lower(name)>: any case finds the queue, which keeps the name given
+    sql.execute("SELECT pgmq.create('MixedCase')")
+    sql.execute("SELECT pgmq.create('mixedcase')")  # the same queue: create is idempotent
+    assert scalar(sql, "SELECT * FROM pgmq.send('MIXEDCASE', '1')") == 1
+    assert scalar(sql, "SELECT count(*) FROM pgmq.q_mixedcase") == 1
+    assert sql.execute("SELECT name FROM conveyor.queues").fetchall() == [("MixedCase",)]
+    # names pgmq accepts but Conveyor's queues cannot carry get Conveyor's error
+    with sqlstate("CVV01", "invalid queue name"):
+        sql.execute("SELECT pgmq.create('has space')")
+    with pytest.raises(psycopg.errors.RaiseException, match="invalid characters"):
+        sql.execute("SELECT pgmq.drop_queue('x--y')")
+
+
+def test_unlogged_and_partitioned_are_recorded(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT pgmq.create_unlogged(%s)", (q + "_u",))
+    sql.execute("SELECT pgmq.create_partitioned(%s, '1 hour', '2 days')", (q + "_t",))
+    sql.execute("SELECT pgmq.create_partitioned(%s)", (q + "_n",))
+    kinds = dict(sql.execute("SELECT name, extra_attributes -> 'pgmq' FROM conveyor.queue_info").fetchall())
+    assert kinds[q + "_u"] == {"kind": "unlogged"}
+    assert kinds[q + "_t"] == {"kind": "partitioned", "partition_interval": "1 hour",
+                               "retention_interval": "2 days", "premake": 4}
+    assert kinds[q + "_n"]["partition_interval"] == "10000"
+    retention = dict(sql.execute("SELECT name, retention_seconds FROM conveyor.queues").fetchall())
+    # a time retention is the queue's retention period; pgmq's default (by message id) has
+    # no Conveyor equivalent, and the queue keeps messages as long as Conveyor can
+    assert (retention[q + "_t"], retention[q + "_n"], retention[q + "_u"]) == (172800, 1209600, 1209600)
+    flags = {r[0]: r[1:] for r in sql.execute("SELECT * FROM pgmq.list_queues()").fetchall()}
+    assert flags[q + "_u"][:2] == (False, True) and flags[q + "_t"][:2] == (True, False)
+    assert scalar(sql, "SELECT default_partition_length FROM pgmq.metrics(%s)", (q + "_t",)) == 0
+    assert scalar(sql, "SELECT default_partition_length FROM pgmq.metrics(%s)", (q + "_u",)) is None
+    with pytest.raises(psycopg.errors.RaiseException, match="premake must be at least 1, got 0"):
+        sql.execute("SELECT pgmq.create_partitioned(%s, '10000', '100000', 0)", (q + "_z",))
+    with pytest.raises(psycopg.errors.InvalidDatetimeFormat):
+        sql.execute("SELECT pgmq.create_partitioned(%s, 'fortnightly')", (q + "_z",))
+
+
+def test_queue_made_elsewhere_is_a_pgmq_queue(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT conveyor.queue_create(%s, '{\"visibility_timeout\": 60}')", (q,))
+    sql.execute("SELECT conveyor.message_send(%s, 'plain text')", (q,))
+    sql.execute("SELECT conveyor.message_send(%s, '{\"json\": \"text\"}')", (q,))
+    assert (q, False, False) in [r[:3] for r in sql.execute("SELECT * FROM pgmq.list_queues()").fetchall()]
+    rows = sql.execute("SELECT msg_id, message FROM pgmq.read(%s, 30, 5) ORDER BY msg_id", (q,)).fetchall()
+    # a body that is JSON reads back parsed; any other text as a JSON string
+    assert rows == [(1, "plain text"), (2, {"json": "text"})]
+    sql.execute("SELECT pgmq.create(%s)", (q,))  # adds its views, changes nothing else
+    assert scalar(sql, "SELECT visibility_timeout FROM conveyor.queues WHERE name = %s", (q,)) == 60
+    assert scalar(sql, "SELECT count(*) FROM pgmq.q_" + q) == 2
+
+
+def test_roles(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    sql.execute("SET ROLE conveyor_reader")
+    assert scalar(sql, "SELECT queue_length FROM pgmq.metrics(%s)", (q,)) == 0
+    assert scalar(sql, "SELECT count(*) FROM pgmq.q_" + q) == 0
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        sql.execute("SELECT pgmq.send(%s, '1')", (q,))
+    sql.execute("RESET ROLE")
+    sql.execute("SET ROLE conveyor_writer")
+    assert scalar(sql, "SELECT * FROM pgmq.send(%s, '1')", (q,)) == 1
+    assert scalar(sql, "SELECT msg_id FROM pgmq.read(%s, 30, 1)", (q,)) == 1
+    assert scalar(sql, "SELECT pgmq.archive(%s, 1::bigint)", (q,)) is True
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        sql.execute("SELECT pgmq.purge_queue(%s)", (q,))
+    sql.execute("RESET ROLE")
+    sql.execute("SET ROLE conveyor_admin")
+    sql.execute("SELECT pgmq.create(%s)", (q + "_2",))
+    assert scalar(sql, "SELECT pgmq.drop_queue(%s)", (q + "_2",)) is True
+    sql.execute("RESET ROLE")
+
+
+def test_dialect_refused_beside_the_real_pgmq(empty_dsn: str) -> None:
+    from conveyor import errors
+
+    pgmq_support.install_real_pgmq(empty_dsn)
+    with pytest.raises(errors.SchemaMismatch, match="schema named pgmq"):
+        pgmq_support.install_dialect(empty_dsn)
+
+
+# -- a pgmq queue is a Conveyor queue: SQS through a real server ---------------------------
+
+@pytest.fixture(scope="module")
+def pgmq_server(pgmq_template: str) -> Iterator[ServerProcess]:
+    name = unique_name("conveyor_pgmq_srv")
+    dsn = create_database(name, template=pgmq_template)
+    proc = ServerProcess(dsn, env={"CONVEYOR_DIALECTS": "pgmq"}).start()
+    yield proc
+    proc.kill()
+    drop_database(name)
+
+
+@pytest.mark.parametrize("protocol", ["json", "query"])
+def test_sqs_and_pgmq_share_queues(pgmq_server: ServerProcess, protocol: str) -> None:
+    dsn = pgmq_server.env["DATABASE_URL"]
+    q = f"shared_{uuid.uuid4().hex[:8]}"
+    sqs = sqs_clients.client(pgmq_server.url, protocol)
+    with psycopg.connect(dsn, autocommit=True) as sql:
+        sql.execute("SELECT pgmq.create(%s)", (q,))
+        sql.execute("SELECT pgmq.send(%s, '{\"from\": \"pgmq\"}', '{\"trace\": \"abc\"}'::jsonb)", (q,))
+        url = sqs.get_queue_url(QueueName=q)["QueueUrl"]
+        got = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"], VisibilityTimeout=30)["Messages"]
+        assert got[0]["Body"] == '{"from": "pgmq"}'
+        assert got[0]["MessageAttributes"]["trace"] == {"StringValue": "abc", "DataType": "String"}
+        # the SQS receive counts as a read
+        assert scalar(sql, "SELECT read_ct FROM pgmq.q_" + q) == 1
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"])
+        assert scalar(sql, "SELECT queue_length FROM pgmq.metrics(%s)", (q,)) == 0
+
+        sqs.send_message(QueueUrl=url, MessageBody="not json",
+                         MessageAttributes={"kind": {"DataType": "String", "StringValue": "sqs"}})
+        sqs.send_message(QueueUrl=url, MessageBody='{"from": "sqs"}')
+        rows = sql.execute("SELECT msg_id, read_ct, message, headers FROM pgmq.read(%s, 30, 10) ORDER BY msg_id",
+                           (q,)).fetchall()
+        assert rows == [(2, 1, "not json", {"kind": {"DataType": "String", "StringValue": "sqs"}}),
+                        (3, 1, {"from": "sqs"}, None)]
+        assert sql.execute("SELECT * FROM pgmq.archive(%s, ARRAY[2, 3]::bigint[])", (q,)).fetchall() == [(2,), (3,)]
+        assert scalar(sql, "SELECT count(*) FROM pgmq.a_" + q) == 2
+        assert scalar(sql, "SELECT pgmq.drop_queue(%s)", (q,)) is True
+    with pytest.raises(sqs.exceptions.QueueDoesNotExist):
+        sqs.get_queue_url(QueueName=q)
+
+
+def test_rest_lists_pgmq_queues(pgmq_server: ServerProcess) -> None:
+    q = f"rest_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pgmq_server.env["DATABASE_URL"], autocommit=True) as sql:
+        sql.execute("SELECT pgmq.create_unlogged(%s)", (q,))
+        sql.execute("SELECT pgmq.send(%s, '{\"n\": 1}')", (q,))
+    with pgmq_server.client() as http:
+        listed = http.get("/v1/queues", params={"prefix": q}).json()
+        # Conveyor's own listing says how the queue is stored: in the one logged messages
+        # table (pgmq.list_queues says what pgmq was asked for; see docs/dialects/pgmq.md)
+        assert [(x["name"], x["is_unlogged"], x["retention_seconds"]) for x in listed] == [(q, False, 1209600)]
+        received = http.get(f"/v1/queues/{q}/messages", params={"max": 1}).json()
+    assert [(m["id"], m["message"]) for m in received] == [(1, {"n": 1})]
+
+
+# -- the migration guide's SQL, as the docs give it ----------------------------------------
+
+def _doc_block(marker: str) -> str:
+    text = DOC.read_text("utf-8")
+    found = re.search(rf"<!-- {marker} -->\s*```sql\n(.*?)```", text, re.S)
+    assert found, marker
+    return found.group(1)
+
+
+def test_migration_guide(empty_dsn: str) -> None:
+    pgmq_support.install_real_pgmq(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as real:
+        real.execute("SELECT pgmq.create('orders')")
+        real.execute("SELECT pgmq.create_unlogged('Fast')")
+        real.execute("SELECT pgmq.send_batch('orders', ARRAY['{\"n\": 1}', '{\"n\": 2}', '{\"n\": 3}']::jsonb[])")
+        real.execute("SELECT pgmq.send('orders', '{\"n\": 4}', '{\"x-pgmq-group\": \"g\"}', 600)")
+        real.execute("SELECT * FROM pgmq.read('orders', 120, 1)")
+        real.execute("SELECT pgmq.archive('orders', 2::bigint)")
+        real.execute("SELECT pgmq.delete('orders', 3::bigint)")
+        real.execute("SELECT pgmq.send('Fast', '\"x\"')")
+        before = real.execute("SELECT msg_id, read_ct, vt, message, headers FROM pgmq.q_orders ORDER BY msg_id"
+                              ).fetchall()
+    pgmq_support.install_core(empty_dsn)
+    with psycopg.connect(empty_dsn) as conn:
+        conn.execute(_doc_block("migrate-copy").encode())
+        conn.commit()
+    pgmq_support.install_dialect(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as sql:
+        sql.execute(_doc_block("migrate-views").encode())
+        after = sql.execute("SELECT msg_id, read_ct, vt, message, headers FROM pgmq.q_orders ORDER BY msg_id"
+                            ).fetchall()
+        assert after == before
+        assert sql.execute("SELECT msg_id, message FROM pgmq.a_orders").fetchall() == [(2, {"n": 2})]
+        assert scalar(sql, "SELECT group_id FROM conveyor.messages WHERE id = 4") == "g"
+        assert scalar(sql, "SELECT * FROM pgmq.send('orders', '{\"n\": 5}')") == 5  # ids continue
+        assert scalar(sql, "SELECT count(*) FROM pgmq.read('fast', 30, 5)") == 1
+        assert sql.execute("SELECT queue_name, is_unlogged FROM pgmq.list_queues()").fetchall() \
+            == [("orders", False), ("Fast", True)]
