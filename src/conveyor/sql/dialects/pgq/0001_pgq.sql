@@ -1001,10 +1001,10 @@ BEGIN
     -- fields from the magic columns, then from the expressions
     FOR i IN 1 .. cardinality(cols) LOOP
         CONTINUE WHEN cols[i] NOT LIKE '\_pgq\_ev\_%';
-        IF substr(cols[i], 5) <> ALL (fields[1:6]) THEN
+        IF substr(cols[i], 6) <> ALL (fields[1:6]) THEN
             RAISE EXCEPTION 'Unknown magic column: %', cols[i];
         END IF;
-        ev[array_position(fields, substr(cols[i], 5))] := row_vals[i];
+        ev[array_position(fields, substr(cols[i], 6))] := row_vals[i];
     END LOOP;
     FOR f IN 1 .. 7 LOOP
         CONTINUE WHEN exprs[f] IS NULL;
