@@ -129,7 +129,10 @@ BEGIN
         RAISE EXCEPTION 'Queue name must not be NULL';
     END IF;
     PERFORM pg_current_xact_id();
-    s := pgq._queue(queue_name, 'No such queue');
+    SELECT * INTO s FROM conveyor.streams x WHERE x.name = insert_event.queue_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'No such queue';
+    END IF;
     EXECUTE format('INSERT INTO %s (ev_id, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
                     VALUES (nextval($1), $2, $3, $4, $5, $6, $7) RETURNING ev_id',
                    conveyor._stream_table(s, s.cur_table))
@@ -137,8 +140,9 @@ BEGIN
     RETURN id;
 END $$;
 
+-- A plain wrapper (no SET clause, so the planner inlines it); the 7-argument form checks.
 CREATE FUNCTION pgq.insert_event(queue_name text, ev_type text, ev_data text) RETURNS bigint
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pgq AS $$
+LANGUAGE sql AS $$
     SELECT pgq.insert_event(queue_name, ev_type, ev_data, NULL, NULL, NULL, NULL)
 $$;
 
