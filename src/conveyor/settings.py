@@ -180,6 +180,10 @@ class Settings:
     jwt_public_key: str | None = None
     # encryption at rest (conveyor.crypto): queues flagged encrypted are sealed with it
     encryption_keys: tuple[tuple[str, bytes], ...] = ()  # (key id, 32 bytes); the first seals
+    # the failover spool (conveyor.server.spool): off without a directory
+    spool_dir: Path | None = None
+    spool_max_bytes: int = 1 << 30
+    spool_sqs: bool = False  # SQS sends spooled too (their MessageId is then promised from the spool)
     # OpenTelemetry (conveyor.tracing): off unless asked for
     tracing: bool = False
     tracing_endpoint: str = "http://127.0.0.1:4318/v1/traces"
@@ -315,6 +319,9 @@ _ENV: dict[str, tuple[str, Any]] = {
     "jwt_secret": ("CONVEYOR_JWT_SECRET", str),
     "jwt_public_key": ("CONVEYOR_JWT_PUBLIC_KEY", read_key),
     "encryption_keys": ("CONVEYOR_ENCRYPTION_KEY", lambda v: parse_keys(_inline_or_file(v))),
+    "spool_dir": ("CONVEYOR_SPOOL_DIR", Path),
+    "spool_max_bytes": ("CONVEYOR_SPOOL_MAX_BYTES", int),
+    "spool_sqs": ("CONVEYOR_SPOOL_SQS", _bool),
     "tracing": ("CONVEYOR_TRACING", _bool),
     "tracing_endpoint": ("CONVEYOR_TRACING_ENDPOINT", str),
     "tracing_sample_rate": ("CONVEYOR_TRACING_SAMPLE_RATE", float),

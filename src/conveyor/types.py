@@ -81,6 +81,7 @@ class OutgoingMessage:
     dedup_id: str | None = None
     sender_id: str | None = None
     system_attributes: dict[str, Any] | None = None
+    message_uuid: UUID | None = None  # given when promised before the send (the failover spool)
 
     def to_json(self) -> dict[str, Any]:
         """The message as the SQL API's JSON message object (absent keys are omitted)."""
@@ -88,15 +89,17 @@ class OutgoingMessage:
 
 
 _OUTGOING_KEYS = ("body", "headers", "delay", "content_type", "group_id", "dedup_id", "sender_id",
-                  "system_attributes")
+                  "system_attributes", "message_uuid")
 
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """What a send returns for one message."""
+    """What a send returns for one message; a message taken by the failover spool
+    (``spooled``) has its UUID but no id yet (0)."""
 
     id: int
     message_uuid: UUID
+    spooled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

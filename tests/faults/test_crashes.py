@@ -4,17 +4,13 @@ recovers by itself when PostgreSQL restarts under load."""
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from conveyor.core import messages, queues
-from conveyor.db import embedded, pool
+from conveyor.db import pool
 from support.server import ServerProcess
 
 
@@ -63,17 +59,6 @@ async def test_sigkill_loses_nothing_acknowledged(dsn, queue_name, fusion):
     assert len(acked) > 100, "the load was running when the server died"
     missing = set(acked) - await _stored(dsn, queue_name)
     assert not missing, f"{len(missing)} acknowledged messages lost"
-
-
-@pytest.fixture
-def cluster():
-    data_dir = Path(tempfile.mkdtemp(prefix="conveyor-fault-", dir="/tmp"))
-    os.chmod(data_dir, 0o755)
-    pg = embedded.EmbeddedPostgres(data_dir)
-    pg.start()
-    yield pg
-    pg.stop()
-    shutil.rmtree(data_dir, ignore_errors=True)
 
 
 async def _readiness(url: str, stop: asyncio.Event) -> list[tuple[float, int]]:

@@ -31,6 +31,10 @@ class Database:
     When a call fails because the database went away, the pool is asked to check its
     idle connections in the background, so that stale ones are replaced before the next
     requests take them (recovery after a PostgreSQL restart needs nothing from outside).
+
+    The database is then also known to be down (``down``): until a probe connects again
+    (every ``probe_interval`` seconds), every call fails at once with ``errors.Unavailable``
+    instead of waiting the pool's timeout, and the failover spool takes the writes it may.
     """
 
     def __init__(self, dsn: str, *, min_size: int = 2, max_size: int = 10, timeout: float = 10.0,
@@ -52,16 +56,23 @@ class Database:
             reconnect_timeout=float("inf"),
         )
         self._checking: asyncio.Task[None] | None = None
+        self.down = False
+        self.probe_interval = 0.5
+        self._probing: asyncio.Task[None] | None = None
 
     async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
         with execute.translated():
             await self._pool.open(wait=wait, timeout=timeout)
 
     async def close(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
         await self._pool.close()
 
     @contextlib.asynccontextmanager
     async def connection(self, timeout: float | None = None) -> AsyncIterator[execute.Connection]:
+        if self.down:
+            raise errors.Unavailable("the database is unreachable; calls fail at once until it answers again")
         try:
             with execute.translated():
                 async with self._pool.connection(timeout=timeout) as conn:
@@ -69,6 +80,9 @@ class Database:
         except Exception as exc:
             if isinstance(exc.__cause__, (psycopg.OperationalError, psycopg_pool.PoolTimeout)):
                 self._check_soon()
+            if _unreachable(exc.__cause__) and not (isinstance(exc.__cause__, psycopg_pool.PoolTimeout)
+                                                    and self.stats().size > 0):  # busy, not unreachable
+                self._mark_down()
             if isinstance(exc, errors.Throttled) and self._on_throttled is not None:
                 self._on_throttled()
             raise
@@ -78,6 +92,30 @@ class Database:
         async with self.connection(timeout=timeout) as conn:
             with execute.translated():
                 await conn.execute("SELECT 1")
+
+    def _mark_down(self) -> None:
+        if not self.down:
+            log.warning("the database is unreachable: failing fast and probing every %.1f s", self.probe_interval)
+        self.down = True
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        """Until a fresh connection answers; then the pool is checked and calls go through."""
+        while True:
+            await asyncio.sleep(self.probe_interval)
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, connect_timeout=2)
+                try:
+                    await conn.execute("SELECT 1")
+                finally:
+                    await conn.close()
+            except (psycopg.Error, OSError):  # still down
+                continue
+            log.warning("the database answers again")
+            self.down = False
+            self._check_soon()
+            return
 
     def _check_soon(self) -> None:
         if self._checking is None or self._checking.done():
@@ -95,6 +133,17 @@ class Database:
         idle = s.get("pool_available", 0)
         return PoolStats(size=size, idle=idle, active=max(size - idle, 0),
                          acquire_timeouts=s.get("requests_errors", 0))
+
+
+_DOWN_STATES = {"57P01", "57P02", "57P03", "08000", "08001", "08003", "08004", "08006"}
+
+
+def _unreachable(cause: BaseException | None) -> bool:
+    """Whether a failure says the database cannot be reached (not that a statement
+    failed): no connection to be had, a broken one, or a server shutting down or starting."""
+    if isinstance(cause, psycopg_pool.PoolTimeout):
+        return True
+    return isinstance(cause, psycopg.OperationalError) and (cause.sqlstate is None or cause.sqlstate in _DOWN_STATES)
 
 
 async def vacuum(conn: execute.Connection, table: str) -> None:

@@ -21,8 +21,14 @@ class Broker(Protocol):
     async def queue(self, name: str) -> types.Queue:
         """A queue's configuration, possibly a couple of seconds old."""
 
-    async def send(self, queue: str, messages: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
-        """Send; answers once committed (possibly fused with other requests)."""
+    async def send(self, queue: str, messages: Sequence[types.OutgoingMessage], *,
+                   spool: bool = False) -> list[types.Sent]:
+        """Send; answers once committed (possibly fused with other requests), or, with
+        ``spool`` while the database is unreachable, once journalled by the failover
+        spool (``Sent.spooled``)."""
+
+    def spools(self, protocol: str) -> bool:
+        """Whether this server may acknowledge writes of ``protocol`` from its spool."""
 
     async def receive(self, queue: str, params: types.ReceiveParams) -> list[types.Message]:
         """Receive, long-polling up to ``params.wait`` without holding a connection."""

@@ -9,17 +9,19 @@ import dataclasses
 import hashlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
 
 from conveyor import crypto, errors, tracing, types
-from conveyor.core import messages, partitioned, queues, receipts, signing, streams, topics
+from conveyor.core import messages, partitioned, queues, receipts, signing, spooled, streams, topics
 from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
 from conveyor.server.fusion import BatchPolicy, Fuser, Static, Vegas
 from conveyor.server.metrics import Metrics
+from conveyor.server.spool import Spool
 from conveyor.server.waiters import WaiterHub, partitioned_key, partitioned_queue, stream_key
 from conveyor.settings import Settings
 
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 
 MAX_RECEIVE = 1000  # the SQL API's largest qty
 QUEUE_CACHE_SECONDS = 2.0
+SPOOL_PAGE = 200  # spooled records replayed per transaction
+SPOOL_REPLAY_INTERVAL = 0.2
 QUEUE_CACHE_SIZE = 10000
 
 
@@ -93,7 +97,9 @@ class ServerBroker:
             }
         self._queue_cache: dict[str, tuple[types.Queue, float]] = {}
         self._pq_cache: dict[str, tuple[bool, float]] = {}
-        self.keyring = crypto.Keyring.of(settings.encryption_keys) if settings.encryption_keys else None  # partitioned queue: encryptionEnabled
+        self.keyring = crypto.Keyring.of(settings.encryption_keys) if settings.encryption_keys else None
+        self.spool: Spool | None = None
+        self._replayer: asyncio.Task[None] | None = None  # partitioned queue: encryptionEnabled
         self.waiters = WaiterHub(database.dsn, self._mark_listened, listen_seconds=settings.listen_seconds,
                                  poll_fallback=settings.poll_fallback_seconds)
         self._signer: signing.Signer | None = None
@@ -153,9 +159,10 @@ class ServerBroker:
 
     async def _sealed(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> Sequence[types.OutgoingMessage]:
         q = await self.queue(queue)
-        if not q.encrypted:
-            return batch
-        keyring = self._keyring(f"queue {queue!r}")
+        return self._seal_for(q, batch) if q.encrypted else batch
+
+    def _seal_for(self, q: types.Queue, batch: Sequence[types.OutgoingMessage]) -> list[types.OutgoingMessage]:
+        keyring = self._keyring(f"queue {q.name!r}")
         out = []
         for m in batch:
             dedup = m.dedup_id
@@ -216,11 +223,121 @@ class ServerBroker:
             out.append(doc)
         return out
 
-    async def send(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
-        batch = await self._sealed(queue, _traced(batch))
-        if "send" in self.fusers:
-            return await self._fused("send", queue, batch)
-        return await self._send_batch(queue, batch)
+    async def send(self, queue: str, batch: Sequence[types.OutgoingMessage], *,
+                   spool: bool = False) -> list[types.Sent]:
+        batch = _traced(batch)
+        if spool and self._spooling():
+            return await self._spool_send(queue, batch)
+        try:
+            sealed = await self._sealed(queue, batch)
+            if "send" in self.fusers:
+                return await self._fused("send", queue, sealed)
+            return await self._send_batch(queue, sealed)
+        except errors.Unavailable:
+            if spool and self._spooling():
+                return await self._spool_send(queue, batch)
+            raise
+
+    # -- the failover spool (conveyor.server.spool) -----------------------------------
+
+    def spools(self, protocol: str) -> bool:
+        """Whether writes of ``protocol`` may be acknowledged from the spool."""
+        return self.spool is not None and (protocol != "sqs" or self.settings.spool_sqs)
+
+    def _spooling(self) -> bool:
+        """Writes go to the spool while the database is down, and after, until the spool
+        has been replayed (so they reach the database in the order they were taken)."""
+        return self.spool is not None and (self.database.down or self.spool.waiting > 0)
+
+    async def _spool_send(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
+        assert self.spool is not None
+        cached = self._queue_cache.get(queue)  # the database cannot be asked
+        sealed = cached is not None and cached[0].encrypted
+        if sealed:
+            assert cached is not None
+            batch = self._seal_for(cached[0], batch)
+        promised = [dataclasses.replace(m, message_uuid=m.message_uuid or uuid.uuid4()) for m in batch]
+        await self.spool.append({"kind": "send", "queue": queue, "sealed": sealed,
+                                 "messages": [m.to_json() for m in promised]})
+        self.metrics.spooled.inc(len(promised))
+        return [types.Sent(id=0, message_uuid=m.message_uuid, spooled=True)
+                for m in promised if m.message_uuid is not None]
+
+    async def _spool_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        assert self.spool is not None
+        stamped = [{**i, "transactionId": i.get("transactionId") or str(uuid.uuid4())} for i in items]
+        flags = {i.get("queue"): self._pq_cache.get(i.get("queue")) for i in stamped}  # the database cannot be asked
+        sealed = all(flag is not None for flag in flags.values())  # else sealed when replayed
+        encrypted = {name for name, flag in flags.items() if flag is not None and flag[0]}
+        if sealed and encrypted:
+            keyring = self._keyring(f"queue {sorted(str(n) for n in encrypted)[0]!r}")
+            stamped = [{**i, "payload": keyring.seal_text(orjson.dumps(i.get("payload")).decode()), "encrypted": True}
+                       if i.get("queue") in encrypted else i for i in stamped]
+        await self.spool.append({"kind": "pq_push", "sealed": sealed, "items": stamped})
+        self.metrics.spooled.inc(len(stamped))
+        return [{"index": n, "status": "buffered", "transactionId": i["transactionId"], "queue": i.get("queue"),
+                 "partition": i.get("partition") or "Default"} for n, i in enumerate(stamped)]
+
+    async def _replay_record(self, conn: Connection, body: dict[str, Any]) -> None:
+        if body["kind"] == "send":
+            batch: Sequence[types.OutgoingMessage] = [
+                types.OutgoingMessage(**{**m, "message_uuid": uuid.UUID(m["message_uuid"])}) for m in body["messages"]]
+            if not body["sealed"]:
+                batch = await self._sealed(body["queue"], batch)
+            await messages.send_batch(conn, body["queue"], batch)
+        else:
+            items = body["items"] if body["sealed"] else await self._pq_sealed(body["items"])
+            await partitioned.push(conn, items)
+
+    async def replay_spool(self) -> int:
+        """Replay every record waiting in the spool, oldest first, exactly once; how many."""
+        assert self.spool is not None
+        done = 0
+        self.spool.seal_segment()  # appends from now on go to a segment of their own
+        for segment in self.spool.segments():
+            records = list(self.spool.records_of(segment))
+            for at in range(0, len(records), SPOOL_PAGE):
+                page = records[at:at + SPOOL_PAGE]
+                async with self.database.connection() as conn, conn.transaction():
+                    fresh = await spooled.claim(conn, [r.key for r in page])
+                    for record in page:
+                        if record.key in fresh:
+                            await self._replay_one(conn, record)
+                self.spool.replayed(len(page))
+                done += len(page)
+            async with self.database.connection() as conn:
+                await spooled.forget(conn, self.spool.prefix(segment))
+            self.spool.remove(segment)
+        if done:
+            log.warning("replayed %d spooled writes", done)
+            self.metrics.spool_replayed.inc(done)
+        return done
+
+    async def _replay_one(self, conn: Connection, record: Any) -> None:
+        """One record in a savepoint: one the database refuses (its queue is gone, a
+        message is too large for it) is set aside in the slot's rejects file, logged and
+        counted; the database going away again ends the replay (it resumes later)."""
+        try:
+            async with conn.transaction():
+                await self._replay_record(conn, record.body)
+        except errors.Unavailable:
+            raise
+        except errors.ConveyorError as exc:
+            assert self.spool is not None
+            self.spool.reject(record, exc.message)
+            self.metrics.spool_rejected.inc()
+            log.error("spooled write %s refused by the database (set aside): %s", record.key, exc.message)
+
+    async def _replay_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SPOOL_REPLAY_INTERVAL)
+            if self.spool is not None and self.spool.waiting > 0 and not self.database.down:
+                try:
+                    await self.replay_spool()
+                except errors.Unavailable:
+                    pass  # down again: next round
+                except Exception:
+                    log.exception("replaying the spool failed; trying again")
 
     # -- receive ---------------------------------------------------------------------
 
@@ -283,8 +400,13 @@ class ServerBroker:
         cached = self._queue_cache.get(name)
         if cached is not None and cached[1] > time.monotonic():
             return cached[0]
-        async with self.database.connection() as conn:
-            q = await queues.get(conn, name)
+        try:
+            async with self.database.connection() as conn:
+                q = await queues.get(conn, name)
+        except errors.Unavailable:
+            if cached is not None:  # the database is away: what was known of the queue still holds
+                return cached[0]
+            raise
         if len(self._queue_cache) > QUEUE_CACHE_SIZE:
             self._queue_cache.clear()
         self._queue_cache[name] = (q, time.monotonic() + QUEUE_CACHE_SECONDS)
@@ -331,11 +453,19 @@ class ServerBroker:
     # -- partitioned queues --------------------------------------------------------------
 
     async def pq_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Push items (any queues, any partitions): one answer each, in order."""
-        items = await self._pq_sealed(items)
-        if "pq_push" in self.fusers:
-            return await self._fused("pq_push", None, items)
-        return await self._pq_push_db(items)
+        """Push items (any queues, any partitions): one answer each, in order (while the
+        database is down, taken by the failover spool: status ``buffered``)."""
+        if self._spooling():
+            return await self._spool_push(items)
+        try:
+            sealed = await self._pq_sealed(items)
+            if "pq_push" in self.fusers:
+                return await self._fused("pq_push", None, sealed)
+            return await self._pq_push_db(sealed)
+        except errors.Unavailable:
+            if self._spooling():
+                return await self._spool_push(items)
+            raise
 
     async def _pq_push_db(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         async with self.database.connection() as conn:
@@ -513,6 +643,13 @@ class ServerBroker:
 
     async def start(self) -> None:
         await self._load_receipts()
+        if self.settings.spool_dir is not None:
+            self.spool = Spool(self.settings.spool_dir, self.settings.spool_max_bytes)
+            if self.spool.waiting:  # leftovers of a server that stopped before replaying them
+                log.warning("%d writes left in the failover spool: replaying them before taking traffic",
+                            self.spool.waiting)
+                await self.replay_spool()
+            self._replayer = asyncio.create_task(self._replay_forever())
         await self.waiters.start()
         with contextlib.suppress(errors.ConveyorError):
             await self.signer()  # load (or create) the SNS key now rather than on the first publish
@@ -524,5 +661,11 @@ class ServerBroker:
         self.waiters.shutting_down()
         for fuser in self.fusers.values():
             await fuser.drain(self.settings.shutdown_timeout)
+        if self._replayer is not None:
+            self._replayer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replayer
+        if self.spool is not None:
+            self.spool.close()
         await self.waiters.stop()
         await asyncio.sleep(0)

@@ -101,6 +101,13 @@ class Metrics:
                                          registry=r)
         self.request_timeouts = Counter("conveyor_request_timeouts_total", "Requests cancelled and answered 408 "
                                         "after CONVEYOR_REQUEST_TIMEOUT (server/deadline.py)", registry=r)
+        # the failover spool (server/spool.py)
+        self.spooled = Counter("conveyor_spooled_total", "Messages acknowledged from the failover spool while "
+                               "the database was unreachable", registry=r)
+        self.spool_replayed = Counter("conveyor_spool_replayed_total", "Spool records replayed into the database",
+                                      registry=r)
+        self.spool_rejected = Counter("conveyor_spool_rejected_total", "Spool records the database refused at "
+                                      "replay (set aside in the slot's rejected.jsonl)", registry=r)
         # background workers (server/supervisor.py)
         self.worker_up = Gauge("conveyor_worker_up", "1 while the background worker runs, 0 while it waits "
                                "to be started again after a failure", ["worker"], registry=r)

@@ -36,13 +36,19 @@ async def send(request: Request) -> Response:
         raise errors.InvalidInput(f"invalid request: the body is not valid JSON ({exc.msg})") from None
     if not isinstance(data, (dict, list)):
         raise errors.InvalidInput("invalid request: the body must be a message object or an array of message objects")
+    b = broker(request)
+    spool = b.spools("rest")
     if isinstance(data, list):
         batch = req.validate(models.SendBatch, data).root
         sender = _sender(request)
-        sent = await broker(request).send(req.queue_name(request), [_outgoing(m, sender) for m in batch])
+        sent = await b.send(req.queue_name(request), [_outgoing(m, sender) for m in batch], spool=spool)
+        if sent and sent[0].spooled:  # the database is away: taken, durably, by the failover spool
+            return render.json({"ids": None, "message_ids": [str(s.message_uuid) for s in sent], "spooled": True}, 202)
         return render.json({"ids": [s.id for s in sent]}, 201)
     single = req.validate(models.MessageIn, data)
-    [one] = await broker(request).send(req.queue_name(request), [_outgoing(single, _sender(request))])
+    [one] = await b.send(req.queue_name(request), [_outgoing(single, _sender(request))], spool=spool)
+    if one.spooled:
+        return render.json({"id": None, "message_id": str(one.message_uuid), "spooled": True}, 202)
     return render.json({"id": one.id}, 201)
 
 

@@ -95,8 +95,15 @@ async def send_message(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     queue = ctx.queue_from_url(p.get("QueueUrl"))
     q = await ctx.broker.queue(queue)
     message, _ = _outgoing(ctx, q, p)
-    [sent] = await ctx.broker.send(queue, [message])
+    [sent] = await ctx.broker.send(queue, [message], spool=_spools(ctx, q))
     return _sent(message, sent, q.fifo)
+
+
+def _spools(ctx: Context, q: types.Queue) -> bool:
+    """SQS sends are acknowledged from the failover spool only when the operator allows
+    it (CONVEYOR_SPOOL_SQS: their MessageId is then promised before the database has the
+    message) and only to standard queues (a FIFO send's SequenceNumber needs the database)."""
+    return not q.fifo and ctx.broker.spools("sqs")
 
 
 def _check_entries(entries: Sequence[dict[str, Any]] | None, kind: str) -> Sequence[dict[str, Any]]:
@@ -174,7 +181,7 @@ async def _send_all(ctx: Context, queue: str,
     if not valid:
         return []
     try:
-        return list(await ctx.broker.send(queue, [m for _, m in valid]))
+        return list(await ctx.broker.send(queue, [m for _, m in valid], spool=_spools(ctx, await ctx.broker.queue(queue))))
     except errors.InvalidInput:
         pass
     outcomes: list[types.Sent | SqsError] = []

@@ -1,0 +1,170 @@
+"""The failover spool end to end (issue 16, item 1): PostgreSQL stops, 10,000 messages
+are sent (REST, to a FIFO queue in groups and to a standard queue, and Queen pushes to
+partitions), the server is SIGKILLed half-way, both start again: every acknowledged
+message is stored exactly once, in order per FIFO group and per partition. Meanwhile,
+what cannot be spooled fails fast."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from conveyor.core import partitioned, queues
+from conveyor.db import pool
+from support.server import ServerProcess
+
+GROUPS = 8
+PER_GROUP = 1250  # 10,000 REST sends in all
+PARTITIONS = 4
+PER_PARTITION = 150
+KILL_AFTER = 5000
+
+
+async def _send_group(c: httpx.AsyncClient, group: int, acked: list[tuple[int, int]], stop: asyncio.Event) -> None:
+    """One FIFO group's messages in order, one request each (a group's next message is
+    sent once the previous one was acknowledged, as a real producer of a group does)."""
+    for i in range(PER_GROUP):
+        if stop.is_set():
+            return
+        queue = "spooled.fifo" if group % 2 == 0 else "spooled-std"
+        try:
+            r = await c.post(f"/v1/queues/{queue}/messages",
+                             json={"message": f"{group}:{i}", "group_id": f"g{group}", "dedup_id": f"{group}:{i}"}
+                             if queue.endswith(".fifo") else {"message": f"{group}:{i}"})
+        except httpx.HTTPError:
+            return  # the server is gone
+        if r.status_code not in (201, 202):
+            return
+        acked.append((group, i))
+        if len(acked) >= KILL_AFTER:
+            stop.set()
+
+
+async def _push_partition(c: httpx.AsyncClient, part: int, acked: list[tuple[int, int]], stop: asyncio.Event) -> None:
+    for i in range(PER_PARTITION):
+        if stop.is_set():
+            return
+        try:
+            r = await c.post("/api/v1/push", json={"items": [{"queue": "spooled-pq", "partition": f"p{part}",
+                                                              "payload": {"n": i}}]})
+        except httpx.HTTPError:
+            return
+        if r.status_code != 201:
+            return
+        acked.append((part, i))
+
+
+async def test_writes_taken_while_postgres_is_down_survive_a_sigkill(cluster, tmp_path: Path):
+    dsn = cluster.dsn
+    async with pool.connect(dsn) as conn:
+        from conveyor.db import migrate
+
+        await migrate.migrate(conn)
+        await queues.create(conn, "spooled.fifo")
+        await queues.create(conn, "spooled-std")
+        await partitioned.configure(conn, "spooled-pq", {})
+    env = {"CONVEYOR_SPOOL_DIR": str(tmp_path / "spool"), "CONVEYOR_LOG_LEVEL": "warning"}
+    server = ServerProcess(dsn, env=env).start()
+    sent: list[tuple[int, int]] = []
+    pushed: list[tuple[int, int]] = []
+    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+        for queue in ("spooled.fifo", "spooled-std"):  # the server learns the queues while it can
+            body = {"message": "warm", "group_id": "warm", "dedup_id": "warm"} if queue.endswith("fifo") else {
+                "message": "warm"}
+            assert (await c.post(f"/v1/queues/{queue}/messages", json=body)).status_code == 201
+        assert (await c.post("/api/v1/push", json={"items": [{"queue": "spooled-pq", "partition": "warm",
+                                                               "payload": 0}]})).status_code == 201
+
+        await asyncio.to_thread(cluster.stop)  # the outage
+
+        # what cannot be spooled fails at once, not after the pool's timeout
+        await c.get("/v1/queues/spooled-std/messages")  # the first call finds out
+        started = time.monotonic()
+        refused = await c.get("/v1/queues/spooled-std/messages")
+        assert refused.status_code == 503 and time.monotonic() - started < 1.0
+        spooled = await c.post("/v1/queues/spooled-std/messages", json={"message": "probe"})
+        assert spooled.status_code == 202 and spooled.json()["spooled"] is True
+        sent.append((1, -1))  # the probe: group 1 is a standard-queue group, -1 sorts first
+
+        stop = asyncio.Event()
+        began = time.monotonic()
+        await asyncio.gather(*(_send_group(c, g, sent, stop) for g in range(GROUPS)),
+                             *(_push_partition(c, p, pushed, stop) for p in range(PARTITIONS)))
+        took = time.monotonic() - began
+    server.proc.kill()  # SIGKILL half-way: the spool is all there is
+    await asyncio.to_thread(server.proc.wait, 10)
+    assert len(sent) >= KILL_AFTER - GROUPS, "the load ran until the kill"
+    print(f"\n{len(sent)} sends and {len(pushed)} pushes acknowledged from the spool in {took:.1f} s")
+
+    await asyncio.to_thread(cluster.start)
+    began = time.monotonic()
+    restarted = ServerProcess(dsn, env=env).start(timeout=120)  # replays the leftovers before it listens
+    print(f"restart with replay: {time.monotonic() - began:.1f} s")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            rows = conn.execute("SELECT q.name, m.body, m.group_id FROM conveyor.messages m JOIN conveyor.queues q "
+                                "ON q.id = m.queue_id WHERE m.body <> 'warm' ORDER BY m.queue_id, m.id").fetchall()
+            parts = conn.execute("SELECT p.name, m.payload FROM conveyor.partition_messages m JOIN conveyor.partitions "
+                                 "p ON p.id = m.partition_id WHERE p.name <> 'warm' ORDER BY p.name, m.seq").fetchall()
+        stored = collections.Counter((name, body) for name, body, _ in rows)
+        for group, i in sent:
+            queue = "spooled.fifo" if group % 2 == 0 else "spooled-std"
+            body = "probe" if i == -1 else f"{group}:{i}"
+            assert stored[(queue, body)] == 1, f"{queue} {body} stored {stored[(queue, body)]} times"
+        assert sum(stored.values()) == len(sent), "nothing unacknowledged stored twice, nothing extra"
+        for group in range(0, GROUPS, 2):  # FIFO groups: in the order acknowledged
+            got = [int(body.split(":")[1]) for name, body, g in rows if g == f"g{group}"]
+            assert got == sorted(got) and len(got) == len({i for g, i in sent if g == group})
+        for part in range(PARTITIONS):
+            got = [payload["n"] for name, payload in parts if name == f"p{part}"]
+            assert got == [i for p, i in sorted(pushed) if p == part]
+        assert not list((tmp_path / "spool").glob("slot-*/*.spool")), "the journal is empty once replayed"
+    finally:
+        restarted.kill()
+
+
+async def test_a_live_server_replays_when_postgres_returns_keeping_order(cluster, tmp_path: Path):
+    dsn = cluster.dsn
+    async with pool.connect(dsn) as conn:
+        from conveyor.db import migrate
+
+        await migrate.migrate(conn)
+        await queues.create(conn, "live.fifo")
+    env = {"CONVEYOR_SPOOL_DIR": str(tmp_path / "spool"), "CONVEYOR_SPOOL_MAX_BYTES": "200000"}
+    server = ServerProcess(dsn, env=env).start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+            async def send(i: int) -> int:
+                r = await c.post("/v1/queues/live.fifo/messages", json={"message": str(i), "group_id": "g",
+                                                                        "dedup_id": str(i)})
+                return r.status_code
+
+            assert await send(0) == 201
+            await asyncio.to_thread(cluster.stop)
+            codes = [await send(i) for i in range(1, 301)]
+            assert set(codes) <= {202, 503} and codes.count(202) >= 290  # the first may find the outage
+            full = await c.post("/v1/queues/live.fifo/messages", json={"message": "x" * 300000, "group_id": "g",
+                                                                       "dedup_id": "big"})
+            assert full.status_code == 503 and "spool is full" in full.json()["error"]
+            await asyncio.to_thread(cluster.start)
+            later = []
+            for i in range(301, 400):  # sent while the replay runs: behind the spooled ones
+                later.append(await send(i))
+                await asyncio.sleep(0.005)
+            assert set(later) <= {201, 202}
+            for _ in range(100):  # bounded: 10 s
+                if (await send(400)) == 201 and not list((tmp_path / "spool").glob("slot-*/*.spool")):
+                    break
+                await asyncio.sleep(0.1)
+            got = [m["message"] for m in (await c.get("/v1/queues/live.fifo/messages", params={"max": 1000,
+                                                                                             "fifo": "true"})).json()]
+        acked = [0] + [i for i, code in zip(range(1, 301), codes, strict=True) if code == 202] + list(range(301, 401))
+        assert [int(x) for x in got] == sorted(set(int(x) for x in got))  # group order
+        assert sorted({int(x) for x in got}) == sorted(set(acked)) and len(got) == len(set(got))
+    finally:
+        server.kill()
