@@ -168,3 +168,51 @@ async def test_a_live_server_replays_when_postgres_returns_keeping_order(cluster
         assert sorted({int(x) for x in got}) == sorted(set(acked)) and len(got) == len(set(got))
     finally:
         server.kill()
+
+
+async def test_sqs_sends_spool_only_when_allowed_and_keep_their_message_id(cluster, tmp_path: Path):
+    import boto3
+
+    dsn = cluster.dsn
+    async with pool.connect(dsn) as conn:
+        from conveyor.db import migrate
+
+        await migrate.migrate(conn)
+        await queues.create(conn, "sqs-std")
+    for allowed in (False, True):
+        env = {"CONVEYOR_SPOOL_DIR": str(tmp_path / f"spool-{allowed}"), "CONVEYOR_SPOOL_SQS": str(allowed).lower()}
+        server = ServerProcess(dsn, env=env).start()
+        try:
+            sqs = boto3.client("sqs", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="x",
+                               aws_secret_access_key="y", config=__import__("botocore").config.Config(
+                                   retries={"max_attempts": 1}))
+            url = f"{server.url}/000000000000/sqs-std"
+            await asyncio.to_thread(sqs.send_message, QueueUrl=url, MessageBody="warm")
+            await asyncio.to_thread(cluster.stop)
+            try:
+                if allowed:
+                    sent = await asyncio.to_thread(sqs.send_message, QueueUrl=url, MessageBody="while down")
+                else:
+                    try:
+                        await asyncio.to_thread(sqs.send_message, QueueUrl=url, MessageBody="refused")
+                        raise AssertionError("an SQS send was spooled without CONVEYOR_SPOOL_SQS")
+                    except sqs.exceptions.ClientError as exc:
+                        assert exc.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+            finally:
+                await asyncio.to_thread(cluster.start)
+            if allowed:
+                for _ in range(100):  # bounded: 10 s for the replay
+                    try:
+                        got = await asyncio.to_thread(sqs.receive_message, QueueUrl=url, MaxNumberOfMessages=10)
+                    except sqs.exceptions.ClientError:  # until the server sees the database again
+                        await asyncio.sleep(0.1)
+                        continue
+                    ids = {m["MessageId"]: m["Body"] for m in got.get("Messages", [])}
+                    if sent["MessageId"] in ids:
+                        assert ids[sent["MessageId"]] == "while down"
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise AssertionError("the spooled SQS message never landed under its MessageId")
+        finally:
+            server.kill()
