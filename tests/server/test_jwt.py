@@ -127,3 +127,19 @@ def test_the_aws_endpoints_take_the_same_tokens(hs_server):
     got = httpx.post(hs_server.url + "/", json={"QueueUrl": queue_url, "AttributeNames": ["SenderId"]},
                      headers={**headers, "X-Amz-Target": "AmazonSQS.ReceiveMessage", **writer}).json()
     assert got["Messages"][0]["Attributes"]["SenderId"] == "svc-orders"
+
+
+def test_queen_pushes_carry_the_verified_sub_as_producer_sub(hs_server):
+    """Queen's producerSub is the verified sub; a client's own producerSub is dropped,
+    and Queen's roles follow the token's (read-only cannot push)."""
+    queue = f"jwt-pq-{uuid.uuid4().hex[:6]}"
+    h = lambda t: {"Authorization": f"Bearer {t}"}  # noqa: E731
+    writer = token(SECRET, "HS256", role="read-write", sub="svc-billing")
+    reader = token(SECRET, "HS256", role="read-only", sub="viewer")
+    item = {"queue": queue, "payload": {"n": 1}, "producerSub": "mallory"}
+    assert httpx.post(hs_server.url + "/api/v1/push", json={"items": [item]}, headers=h(reader)).status_code == 403
+    pushed = httpx.post(hs_server.url + "/api/v1/push", json={"items": [item]}, headers=h(writer))
+    assert pushed.status_code == 201, pushed.text
+    popped = httpx.get(f"{hs_server.url}/api/v1/pop/queue/{queue}", headers=h(writer)).json()
+    [message] = popped["messages"]
+    assert message["producerSub"] == "svc-billing" and message["data"] == {"n": 1}
