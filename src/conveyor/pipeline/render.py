@@ -5,6 +5,7 @@ charts are embedded as data URIs, so the one file can be mailed or archived)."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import html
 import json
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 
 from conveyor.pipeline.report import Report, SourceFigures
@@ -31,7 +33,15 @@ def throughput_chart(report: Report, target: Path) -> Path:
     ax.set_ylabel("messages / events per minute")
     if any(s.throughput_per_minute for s in report.sources):
         ax.legend(loc="upper left", fontsize="small")
-    fig.autofmt_xdate()
+    minutes = [p["minute"] for s in report.sources for p in s.throughput_per_minute]
+    if minutes:  # the axis spans the data (a lone minute would otherwise get years around it)
+        start, end = min(minutes), max(minutes)
+        pad = max((end - start) / 20, dt.timedelta(minutes=1))
+        ax.set_xlim(start - pad, end + pad)
+        locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        ax.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(target, format="png")
     plt.close(fig)
@@ -54,6 +64,19 @@ def latency_chart(report: Report, target: Path) -> Path:
     fig.savefig(target, format="png")
     plt.close(fig)
     return target
+
+
+def _covers(report: Report) -> str:
+    window = report.window
+    if window is None:
+        return "The tables hold no messages or events yet."
+    start, end = window
+    span = end - start
+    length = (f"{span.days} d {span.seconds // 3600} h" if span.days else
+              f"{span.seconds // 3600} h {span.seconds % 3600 // 60} min" if span.seconds >= 3600 else
+              f"{span.seconds // 60} min {span.seconds % 60} s")
+    return (f"Covers {start.isoformat(sep=' ', timespec='seconds')} to {end.isoformat(sep=' ', timespec='seconds')} "
+            f"({length}).")
 
 
 def _percent(value: float | None) -> str:
@@ -96,6 +119,7 @@ img {{ display: block; margin: 1em 0; max-width: 100%; }}
 <h1>Conveyor pipeline report</h1>
 <p>Generated {html.escape(report.generated_at.isoformat(timespec="seconds"))} from {len(report.tables)} table(s):
 {html.escape(", ".join(report.tables))}.</p>
+<p>{html.escape(_covers(report))}</p>
 <table><thead><tr>{"".join(f"<th>{h}</th>" for h in headers)}</tr></thead>
 <tbody>{"".join(_row(s) for s in report.sources)}</tbody></table>
 {"<ul>" + "".join(notes) + "</ul>" if notes else ""}

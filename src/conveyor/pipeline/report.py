@@ -89,8 +89,17 @@ class Report:
     tables: list[str]
     sources: list[SourceFigures]
 
+    @property
+    def window(self) -> tuple[dt.datetime, dt.datetime] | None:
+        """The time the figures cover: the first message or event to the last, over every
+        source (None when there is none)."""
+        firsts = [s.first_at for s in self.sources if s.first_at is not None]
+        lasts = [s.last_at for s in self.sources if s.last_at is not None]
+        return (min(firsts), max(lasts)) if firsts and lasts else None
+
     def to_json(self) -> dict[str, Any]:
-        return _plain(asdict(self))
+        window = self.window
+        return _plain({**asdict(self), "window": {"start": window[0], "end": window[1]} if window else None})
 
 
 def _plain(value: Any) -> Any:
