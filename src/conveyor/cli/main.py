@@ -42,7 +42,7 @@ def cli(ctx: click.Context, database_url: str | None, data_dir: str | None, as_j
 
 
 def _register() -> None:
-    from conveyor.cli import db, messages, queues, schedules, serve, status, streams, topics
+    from conveyor.cli import db, messages, queues, schedules, serve, status, streams, top, topics
 
     cli.add_command(serve.serve)
     cli.add_command(db.db)
@@ -51,6 +51,7 @@ def _register() -> None:
     cli.add_command(messages.receive)
     cli.add_command(messages.peek)
     cli.add_command(status.status)
+    cli.add_command(top.top)
     cli.add_command(streams.streams)
     cli.add_command(topics.topics)
     cli.add_command(schedules.schedules)

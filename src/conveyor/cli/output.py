@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,8 +55,37 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def print_json(value: Any) -> None:
-    click.echo(json.dumps(to_data(value), default=_json_default, indent=2, ensure_ascii=False))
+def print_json(value: Any, *, compact: bool = False) -> None:
+    click.echo(json.dumps(to_data(value), default=_json_default, indent=None if compact else 2,
+                          ensure_ascii=False))
+
+
+class Progress:
+    """A progress line on standard error for a long operation (drawn only on a terminal,
+    so scripts and --json output stay clean): ``with Progress("replaying", total) as p:
+    p.update(done)``."""
+
+    def __init__(self, label: str, total: int | None) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self._tty = sys.stderr.isatty()
+
+    def update(self, done: int) -> None:
+        self.done = done
+        if self._tty:
+            of = f"/{self.total}" if self.total is not None else ""
+            bar = ""
+            if self.total:
+                filled = int(30 * min(done, self.total) / self.total)
+                bar = "[" + "#" * filled + "-" * (30 - filled) + "] "
+            click.echo(f"\r{self.label} {bar}{done}{of}", nl=False, err=True)
+
+    def __enter__(self) -> Progress:
+        self.update(0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tty:
+            click.echo("", err=True)
 
 
 def confirm(question: str, yes: bool) -> None:

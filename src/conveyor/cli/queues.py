@@ -1,7 +1,10 @@
-"""``conveyor queues``: list, create, show, alter, delete and purge queues."""
+"""``conveyor queues``: list, create, show, alter, delete and purge queues; their dead
+letters (list, replay, purge); drain; reencrypt."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -10,8 +13,9 @@ import click
 from conveyor import crypto, types
 from conveyor.cli import context, output
 from conveyor.cli.output import Column
+from conveyor.core import messages as message_ops
+from conveyor.core import move_tasks, sealing
 from conveyor.core import queues as ops
-from conveyor.core import sealing
 
 # option name -> queue attribute; the database checks every range, so one place says them
 _ATTRIBUTE_OPTIONS = {
@@ -239,3 +243,113 @@ def reencrypt(obj) -> None:  # noqa: ANN001
                  "partitioned": done.partitioned, "dead_letters": done.dead_letters}, obj.as_json,
                 f"sealed {done.total} with key {keyring.active} ({done.messages} messages, {done.archived} archived, "
                 f"{done.partitioned} partitioned-queue messages, {done.dead_letters} dead letters)")
+
+
+def _dead_letter_queue(q: types.Queue) -> str:
+    if not q.dead_letter_queue:
+        raise click.ClickException(f"queue {q.name!r} has no dead-letter queue (see queues alter "
+                                   "--dead-letter-queue)")
+    return q.dead_letter_queue
+
+
+@queues.command("dead-letters")
+@click.argument("name")
+@click.option("--max", "max_rows", default=100, show_default=True, type=click.IntRange(1, 10000))
+@output.json_option
+@click.pass_obj
+def dead_letters(obj, name: str, max_rows: int) -> None:  # noqa: ANN001
+    """List the messages in queue NAME's dead-letter queue, oldest first (without receiving
+    them)."""
+
+    async def action(conn: Any) -> list[types.Message]:
+        dlq = _dead_letter_queue(await ops.get(conn, name))
+        return await message_ops.peek(conn, dlq, qty=max_rows)
+
+    found = context.run(obj.settings(), action)
+    columns = [Column("ID", "id", right=True), Column("RECEIVES", "receive_count", right=True),
+               Column("SENT AT", "sent_at"), Column("BODY", lambda m: _short(m["body"]))]
+    output.emit_rows(found, columns, obj.as_json, empty=f"no dead letters for queue {name}")
+
+
+def _short(text: str, width: int = 60) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+@queues.command("replay-dead-letters")
+@click.argument("name")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="Give up (exit 1) after this many seconds.")
+@output.json_option
+@click.pass_obj
+def replay_dead_letters(obj, name: str, timeout: float) -> None:  # noqa: ANN001
+    """Move every message of queue NAME's dead-letter queue back to the queue it came from
+    (a move task, run here to the end with a progress bar; SQS's StartMessageMoveTask)."""
+
+    async def action(conn: Any) -> types.MoveTask:
+        q = await ops.get(conn, name)
+        task = await move_tasks.start(conn, _dead_letter_queue(q))
+        deadline = time.monotonic() + timeout
+        with output.Progress(f"replaying {q.dead_letter_queue}", task.to_move) as bar:
+            while task.status == "RUNNING":
+                if time.monotonic() > deadline:
+                    await move_tasks.cancel(conn, task.handle)
+                    raise click.ClickException(f"replay not finished after {timeout:g} s: cancelled after "
+                                               f"{task.moved} of {task.to_move}")
+                await move_tasks.step(conn)
+                [task] = await move_tasks.list_for(conn, task.source_queue)
+                bar.update(task.moved)
+        return task
+
+    task = context.run(obj.settings(), action)
+    output.emit({"queue": name, "dead_letter_queue": task.source_queue, "moved": task.moved, "status": task.status},
+                obj.as_json, f"moved {task.moved} dead letters back ({task.status.lower()})")
+
+
+@queues.command("purge-dead-letters")
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@output.json_option
+@click.pass_obj
+def purge_dead_letters(obj, name: str, yes: bool) -> None:  # noqa: ANN001
+    """Delete every message of queue NAME's dead-letter queue for good."""
+
+    async def action(conn: Any) -> tuple[str, int]:
+        dlq = _dead_letter_queue(await ops.get(conn, name))
+        output.confirm(f"Delete every message of {dlq!r}, the dead-letter queue of {name!r}?", yes)
+        return dlq, await ops.purge(conn, dlq)
+
+    dlq, n = context.run(obj.settings(), action)
+    output.emit({"queue": name, "dead_letter_queue": dlq, "deleted": n}, obj.as_json,
+                f"deleted {n} messages from {dlq}")
+
+
+@queues.command()
+@click.argument("name")
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0),
+              help="Give up (exit 1) after this many seconds.")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.05))
+@output.json_option
+@click.pass_obj
+def drain(obj, name: str, timeout: float, interval: float) -> None:  # noqa: ANN001
+    """Wait until queue NAME is drained: no message visible, in flight or delayed (its
+    consumers have worked it off). Exit 0 once drained, 1 at --timeout; for deploys
+    and shutdowns that must not leave work behind."""
+
+    async def action(conn: Any) -> types.QueueMetrics:
+        deadline = time.monotonic() + timeout
+        m = await ops.metrics(conn, name)
+        first = m.queue_length + m.in_flight + m.delayed
+        with output.Progress(f"draining {name}", first) as bar:
+            while m.queue_length + m.in_flight + m.delayed:
+                if time.monotonic() >= deadline:
+                    raise click.ClickException(
+                        f"queue {name!r} not drained after {timeout:g} s: {m.queue_length} visible, "
+                        f"{m.in_flight} in flight, {m.delayed} delayed")
+                await asyncio.sleep(interval)
+                m = await ops.metrics(conn, name)
+                bar.update(max(first - (m.queue_length + m.in_flight + m.delayed), 0))
+        return m
+
+    context.run(obj.settings(), action)
+    output.emit({"queue": name, "drained": True}, obj.as_json, f"queue {name} is drained")
