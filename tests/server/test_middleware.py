@@ -70,6 +70,26 @@ def test_metrics_families(client):
     assert 'queue_depth{queue="jobs"} 0.0' in text
 
 
+def test_stream_consumer_and_group_series(client):
+    client.post("/v1/streams", json={"name": "audit"})
+    client.post("/v1/streams/audit/consumers", json={"name": "billing"})
+    client.post("/v1/streams/audit/events", json={"payload": "e"})
+    client.post("/api/v1/push", json={"items": [{"queue": "orders", "partition": "p1", "payload": 1}]})
+    client.get("/api/v1/pop/queue/orders", params={"consumerGroup": "shipping", "wait": "false", "autoAck": "true"})
+    client.post("/api/v1/push", json={"items": [{"queue": "orders", "partition": "p2", "payload": 2}]})
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the next depth scrape
+        text = client.get("/metrics").text
+        if 'pqueue_group_lag_messages{group="shipping",queue="orders"} 1.0' in text:
+            break
+        time.sleep(0.1)
+    assert 'stream_depth{stream="audit"}' in text and 'stream_dead_letters{stream="audit"} 0.0' in text
+    assert 'stream_consumer_pending_events{consumer="billing",stream="audit"}' in text
+    assert "stream_consumer_lag_seconds" in text
+    assert 'pqueue_group_lag_messages{group="shipping",queue="orders"} 1.0' in text
+    assert 'pqueue_group_partitions_behind{group="shipping",queue="orders"} 1.0' in text
+
+
 def test_unhandled_errors_are_json_500_without_internals(dsn):
     app = create_app(Settings(auth_mode="none"), dsn)
 

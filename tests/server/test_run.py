@@ -54,6 +54,12 @@ def test_workers_serve_one_port_and_stop_together_on_sigterm(dsn, queue_name):
             assert r.status_code == 201, r.text
         got = httpx.get(url, params={"max": 100}, headers={"Authorization": "t"}).json()
         assert sorted(int(m["message"]) for m in got) == list(range(40))
+        # /metrics, answered by either worker, counts the requests of both
+        for _ in range(4):
+            text = httpx.get(f"{server.url}/metrics", headers={"Connection": "close"}).text
+            sent = [line for line in text.splitlines()
+                    if line.startswith(f'queue_messages_sent_total{{queue="{queue_name}"}}')]
+            assert sent and float(sent[0].split()[-1]) == 40.0, sent
         assert server.terminate() == 0
         assert not _wait_gone(workers)
     finally:

@@ -1,13 +1,22 @@
-"""Prometheus metrics with seed 000's families (http_*, queue_*, db_pool_*), one registry
-per app so that several apps in one process (tests) do not collide."""
+"""Prometheus metrics with seed 000's families (http_*, queue_*, db_pool_*), streams,
+consumers and consumer groups, one registry per app so that several apps in one process
+(tests) do not collide.
+
+With several server processes (``--workers N``) every process writes its series to the
+shared ``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode, set up by
+``conveyor.server.run``) and ``/metrics``, answered by any of them, adds the counters and
+histograms of all; gauges say how they combine (``multiprocess_mode``): the database's
+figures (depths, lags) are the same in every process (``livemax``), requests in flight
+add up (``livesum``)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from conveyor import types
@@ -44,12 +53,14 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._series: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._own: list[Any] = []  # collectors of this process's own state (not in the multiprocess files)
         r = self.registry
         self.http_requests = Counter("http_requests_total", "Requests completed",
                                      ["method", "path", "status"], registry=r)
         self.http_duration = Histogram("http_request_duration_seconds", "Request latency",
                                        ["method", "path"], buckets=_HTTP_BUCKETS, registry=r)
-        self.http_active = Gauge("http_connections_active", "Requests in flight", registry=r)
+        self.http_active = Gauge("http_connections_active", "Requests in flight", registry=r,
+                                 multiprocess_mode="livesum")
         self.sent = Counter("queue_messages_sent_total", "Messages enqueued", ["queue"], registry=r)
         self.received = Counter("queue_messages_received_total", "Messages delivered", ["queue"], registry=r)
         self.deleted = Counter("queue_messages_deleted_total", "Messages acknowledged (deleted or archived)",
@@ -66,10 +77,23 @@ class Metrics:
                                         ["queue"], buckets=_AGE_BUCKETS, registry=r)
         self.fusion_batch = Histogram("queue_coalescer_flush_batch_size", "Messages per fused send",
                                       buckets=_BATCH_BUCKETS, registry=r)
-        self.depth = Gauge("queue_depth", "Visible messages (refreshed by the depth scrape)", ["queue"], registry=r)
-        self.in_flight = Gauge("queue_in_flight", "Received, not yet visible again", ["queue"], registry=r)
-        self.delayed = Gauge("queue_delayed", "Sent with a delay that has not run out", ["queue"], registry=r)
-        self.long_pollers = Gauge("queue_long_pollers", "Receives waiting for messages", registry=r)
+        same = {"registry": r, "multiprocess_mode": "livemax"}  # a database figure: the same in every process
+        self.depth = Gauge("queue_depth", "Visible messages (refreshed by the depth scrape)", ["queue"], **same)
+        self.in_flight = Gauge("queue_in_flight", "Received, not yet visible again", ["queue"], **same)
+        self.delayed = Gauge("queue_delayed", "Sent with a delay that has not run out", ["queue"], **same)
+        self.long_pollers = Gauge("queue_long_pollers", "Receives waiting for messages", registry=r,
+                                  multiprocess_mode="livesum")
+        # streams, their consumers, and partitioned queues' consumer groups (the depth scrape)
+        self.stream_depth = Gauge("stream_depth", "Events not yet consumed by every consumer", ["stream"], **same)
+        self.stream_dead_letters = Gauge("stream_dead_letters", "Dead letters kept", ["stream"], **same)
+        self.consumer_lag = Gauge("stream_consumer_lag_seconds", "Age of the last tick a consumer finished",
+                                  ["stream", "consumer"], **same)
+        self.consumer_pending = Gauge("stream_consumer_pending_events", "Events a consumer has still to receive",
+                                      ["stream", "consumer"], **same)
+        self.group_lag = Gauge("pqueue_group_lag_messages", "Messages a consumer group of a partitioned queue "
+                               "has still to consume", ["queue", "group"], **same)
+        self.group_partitions_behind = Gauge("pqueue_group_partitions_behind", "Partitions with messages a "
+                                             "consumer group has not consumed", ["queue", "group"], **same)
         # topics: publishes and webhook deliveries (server/webhooks.py)
         self.published = Counter("topic_messages_published_total", "Messages published to a topic",
                                  ["topic"], registry=r)
@@ -84,7 +108,7 @@ class Metrics:
         self.delivery_held = Counter("queue_delivery_held_total",
                                      "Deliveries held, never attempted: destination not allowed", registry=r)
         self.delivery_outbox = Gauge("queue_delivery_outbox", "Webhook outbox rows by state (refreshed by the "
-                                     "delivery worker)", ["state"], registry=r)
+                                     "delivery worker)", ["state"], **same)
         for outcome in ("success", "failure"):  # both series exist from the start, at zero
             self.delivery_attempts.labels(outcome)
         # schedules (server/scheduler.py)
@@ -110,7 +134,8 @@ class Metrics:
                                       "replay (set aside in the slot's rejected.jsonl)", registry=r)
         # background workers (server/supervisor.py)
         self.worker_up = Gauge("conveyor_worker_up", "1 while the background worker runs, 0 while it waits "
-                               "to be started again after a failure", ["worker"], registry=r)
+                               "to be started again after a failure (with several processes: the lowest)",
+                               ["worker"], registry=r, multiprocess_mode="livemin")
         self.worker_restarts = Counter("conveyor_worker_restarts_total", "Background worker failures "
                                        "(each followed by a restart)", ["worker"], registry=r)
 
@@ -125,7 +150,9 @@ class Metrics:
         return child
 
     def watch_pool(self, stats: Callable[[], object]) -> None:
-        self.registry.register(_PoolCollector(stats))
+        collector = _PoolCollector(stats)
+        self._own.append(collector)
+        self.registry.register(collector)
 
     def record_received(self, queue: str, received: list[types.Message]) -> None:
         if not received:
@@ -175,5 +202,27 @@ class Metrics:
         for state in ("pending", "held", "exhausted"):
             self.delivery_outbox.labels(state).set(getattr(stats, state))
 
+    def set_streams(self, stats: list[types.StreamStats], consumers: list[types.ConsumerStats],
+                    groups: list[types.ConsumerGroupLag]) -> None:
+        for gauge in (self.stream_depth, self.stream_dead_letters, self.consumer_lag, self.consumer_pending,
+                      self.group_lag, self.group_partitions_behind):
+            gauge.clear()
+        for s in stats:
+            self.stream_depth.labels(s.stream).set(s.depth)
+            self.stream_dead_letters.labels(s.stream).set(s.dead_letters)
+        for c in consumers:
+            if c.lag is not None:
+                self.consumer_lag.labels(c.stream, c.consumer).set(c.lag.total_seconds())
+            self.consumer_pending.labels(c.stream, c.consumer).set(c.pending_events)
+        for g in groups:
+            self.group_lag.labels(g.queue, g.consumer_group).set(g.lag)
+            self.group_partitions_behind.labels(g.queue, g.consumer_group).set(g.partitions_behind)
+
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several processes: what all of them wrote
+            combined = CollectorRegistry()
+            multiprocess.MultiProcessCollector(combined)
+            for collector in self._own:  # this process's pool
+                combined.register(collector)
+            return generate_latest(combined)
         return generate_latest(self.registry)

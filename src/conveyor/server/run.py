@@ -18,11 +18,15 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from prometheus_client import multiprocess
 
 from conveyor.server.app import create_app
 from conveyor.settings import Settings
@@ -119,7 +123,27 @@ def _worker(settings: Settings, dsn: str, sockets: list[socket.socket]) -> int:
         return 1
 
 
+def _multiprocess_metrics() -> Path | None:
+    """A directory where every worker writes its Prometheus series, so that /metrics,
+    answered by any one worker, counts them all (prometheus-client's multiprocess mode);
+    an operator's own PROMETHEUS_MULTIPROC_DIR is used as it is."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="conveyor-metrics-"))
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+    return folder
+
+
+def _as_metrics_worker() -> None:
+    """In a forked worker: its metrics go to the multiprocess directory (prometheus-client
+    picked its value class when the parent imported it)."""
+    from prometheus_client import values
+
+    values.ValueClass = values.MultiProcessValue()
+
+
 def _serve_workers(settings: Settings, dsn: str) -> bool:
+    metrics_dir = _multiprocess_metrics()
     sockets = _sockets(settings)
     for sock in sockets:
         sock.listen(2048)  # connections queue from now on, while the workers start
@@ -148,6 +172,7 @@ def _serve_workers(settings: Settings, dsn: str) -> bool:
             if pid == 0:  # the worker
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
+                _as_metrics_worker()
                 code = 1
                 try:
                     code = _worker(settings, dsn, sockets)
@@ -159,6 +184,8 @@ def _serve_workers(settings: Settings, dsn: str) -> bool:
         while children:
             pid, status = os.wait()  # retried after a signal handler has run
             children.discard(pid)
+            with contextlib.suppress(OSError):
+                multiprocess.mark_process_dead(pid)  # its live gauges no longer count
             code = os.waitstatus_to_exitcode(status)
             if code != 0 or not stopping:
                 failed = True
@@ -173,4 +200,7 @@ def _serve_workers(settings: Settings, dsn: str) -> bool:
         stop_all(signal.SIGKILL)  # only those still there after an error in the parent
         for sock in sockets:
             sock.close()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     return not failed

@@ -47,8 +47,11 @@ async def maintenance(database: Database, max_rounds: int = 10) -> None:
 
 
 async def depth_scrape(database: Database, metrics: Metrics) -> None:
+    """Queue depths, streams with their consumers, and consumer groups' lag, for /metrics."""
     async with database.connection() as conn:
         metrics.set_depths(await queues.metrics_all(conn))
+        metrics.set_streams(await streams.stats(conn), await streams.consumer_stats(conn),
+                            await partitioned.group_lag(conn))
 
 
 async def move_dead_letters(database: Database) -> None:
