@@ -1,10 +1,12 @@
-"""Encryption at rest: what sealing costs, side by side in one run.
+"""Encryption at rest and tracing: what each costs, side by side in one run.
 
     ./bin/bench encryption_bench.py [--clients 32] [--seconds 5] [--repeat 3] [--size 1024]
 
-One server with CONVEYOR_ENCRYPTION_KEY, two queues (one plain, one encrypted), the same
-load on each, alternating, medians over --repeat runs of at most --seconds (and
---max-calls calls) each:
+Encryption: one server with CONVEYOR_ENCRYPTION_KEY, two queues (one plain, one
+encrypted), the same load on each, alternating. Tracing: a second server with
+CONVEYOR_TRACING=true exporting every span (sample rate 1) to a stand-in OTLP collector
+in this process, against the first server's plain queue. Medians over --repeat runs of
+at most --seconds (and --max-calls calls) each:
 
   REST send        POST /v1/queues/{q}/messages, one --size-byte JSON message per request
   SQS send         SendMessage (JSON protocol), the same body
@@ -23,6 +25,7 @@ import statistics
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
@@ -112,6 +115,37 @@ async def preload(http: RawHttp, queue: str, body: bytes, total: int) -> None:
             raise RuntimeError(f"preload: {status} {answer[:200]!r}")
 
 
+async def collector(port: int) -> Any:
+    """A stand-in OTLP/HTTP collector: takes every export and answers 200."""
+    from aiohttp import web
+
+    spans = {"exports": 0}
+
+    async def take(request: web.Request) -> web.Response:
+        await request.read()
+        spans["exports"] += 1
+        return web.Response(status=200, content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", take)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, spans
+
+
+async def measure_tracing(port: int, args: argparse.Namespace) -> dict[str, float]:
+    http = RawHttp("127.0.0.1", port)
+    body = orjson.dumps({"message": "x" * args.size})
+    figures: list[float] = []
+    for _ in range(args.repeat):
+        q = f"traced-{uuid.uuid4().hex[:6]}"
+        await http.send(http.request("POST", "/v1/queues", orjson.dumps({"name": q}), JSON))
+        figures.append(await rest_send(http, q, body, args))
+    await http.close()
+    return {"REST send, plain, traced": statistics.median(figures)}
+
+
 async def measure(port: int, args: argparse.Namespace) -> dict[str, float]:
     http = RawHttp("127.0.0.1", port)
     text = "x" * args.size
@@ -154,14 +188,36 @@ def main() -> None:
         results = asyncio.run(measure(port, args))
     finally:
         server.stop()
+    otlp_port, traced_port = free_port(), free_port()
+    traced = Child("conveyor", [sys.executable, "-m", "conveyor", "serve"],
+                   {**env, "CONVEYOR_PORT": str(traced_port), "CONVEYOR_TRACING": "true",
+                    "CONVEYOR_TRACING_ENDPOINT": f"http://127.0.0.1:{otlp_port}/v1/traces"}, traced_port, quiet=False)
+
+    async def traced_run() -> dict[str, float]:
+        runner, spans = await collector(otlp_port)
+        try:
+            figures = await measure_tracing(traced_port, args)
+            await asyncio.sleep(6)  # the exporter's batch interval: the spans reached the collector
+            figures["(OTLP exports received)"] = float(spans["exports"])
+            return figures
+        finally:
+            await runner.cleanup()
+
+    try:
+        traced.wait_ready("/livez")
+        results.update(asyncio.run(traced_run()))
+    finally:
+        traced.stop()
         drop_database()
     print(f"\n{args.clients} clients, {args.size}-byte bodies, {args.seconds:g}s x {args.repeat} (medians), "
           f"{os.cpu_count()} cores\n")
-    print(f"{'figure':<32} {'msg/s':>10} {'encrypted / plain':>18}")
+    print(f"{'figure':<32} {'msg/s':>10} {'against plain':>18}")
     for name, value in results.items():
         ratio = ""
         if name.endswith("encrypted"):
             ratio = f"{value / results[name.replace('encrypted', 'plain')]:>18.2f}"
+        if name.endswith("traced"):
+            ratio = f"{value / results['REST send, plain']:>18.2f}"
         print(f"{name:<32} {value:>10,.0f} {ratio}")
 
 

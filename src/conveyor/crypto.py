@@ -89,12 +89,13 @@ class Keyring:
     def open(self, body: str, content_type: str | None) -> tuple[str, str | None]:
         """A stored body and content type as they were before sealing (unsealed ones as
         they are)."""
-        match = _MARKER.match(content_type or "")
+        marker = content_type or ""
+        match = _MARKER.match(marker)
         if not match:
             return body, content_type
         raw = base64.b64decode(body)
         try:
-            plain = self._aead(match[1]).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], content_type.encode("utf-8"))
+            plain = self._aead(match[1]).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], marker.encode("utf-8"))
         except InvalidTag:
             raise errors.InternalError("a sealed message failed authentication: its stored form was altered") from None
         return plain.decode("utf-8"), match[2] or None
