@@ -28,7 +28,7 @@ from conveyor.protocols.queen import routes as queen
 from conveyor.protocols.rest import render
 from conveyor.protocols.rest import routes as rest
 from conveyor.protocols.sns import certificate as sns_certificate
-from conveyor.server import deadline, health, middleware, scheduler, webhooks, workers
+from conveyor.server import deadline, health, middleware, scheduler, ui, webhooks, workers
 from conveyor.server.broker import ServerBroker
 from conveyor.server.metrics import Metrics
 from conveyor.server.supervisor import Supervisor
@@ -189,6 +189,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
             Mount("/api/v1", queen_v1),  # Queen's HTTP API (docs/queen.md)
             Mount(hq.PREFIX, hq_api),  # hq's HTTP API, also at the root of the hq port (docs/dialects/hq.md)
             Route("/SimpleNotificationService.pem", sns_certificate.certificate, methods=["GET"]),
+            Mount("/ui", ui.app(broker, settings.auth_mode, settings.history_interval)),  # docs/dashboard.md
         ],
         middleware=[
             Middleware(middleware.Telemetry, metrics=metrics),
