@@ -90,6 +90,8 @@ def open_dashboard(browser, server: ServerProcess, token: str):
 def visit(page, hash_: str, selector: str = "#view") -> None:
     """Go to a page of the dashboard and wait until it has rendered."""
     before = page.get_attribute("#view", "data-loaded")
-    page.evaluate("h => { location.hash = h }", hash_)
+    # the same hash again fires no hashchange: the page is drawn again on one sent by hand
+    page.evaluate("h => { if (location.hash === h) dispatchEvent(new HashChangeEvent('hashchange'));"
+                  " else location.hash = h; }", hash_)
     page.wait_for_function("b => document.querySelector('#view').dataset.loaded !== b", arg=before)
     page.wait_for_selector(selector)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -151,3 +155,31 @@ def test_a_reader_sees_everything_and_may_not_act(browser, ui_server):
     assert page.locator("button:has-text('Replay all')").is_disabled()
     assert console.errors == []
     page.context.close()
+
+
+SHOTS = [("queues", "#/queues", "#view table"), ("queue", "#/queues/emails", ".charts"),
+         ("partitioned", "#/pqueues/jobs", ".charts"), ("streams", "#/streams", "#view table"),
+         ("topics", "#/topics", ".charts"), ("schedules", "#/schedules", "#view table"),
+         ("dead-letters", "#/dead-letters/queue/orders-dlq", "#view table"),
+         ("lookup", "#/lookup/queue/orders-dlq/1", "#view table")]
+
+
+def test_screenshots_of_every_page(signed_in, ui_server, tmp_path):
+    """Every page draws to a PNG; with CONVEYOR_UI_SCREENSHOTS=docs they are the ones in
+    docs/dashboard.md (taken after a few seconds of traffic, so the charts show some)."""
+    page, console = signed_in
+    out = Path(os.environ.get("CONVEYOR_UI_SCREENSHOTS") or tmp_path)
+    with httpx.Client(base_url=ui_server.url, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        for i in range(12):
+            c.post("/v1/queues/emails/messages", json=[{"message": f"burst {i}.{n}"} for n in range(i % 4 + 1)])
+            if i % 3 == 2:
+                for m in c.get("/v1/queues/emails/messages", params={"max": 3}).json():
+                    c.delete(f"/v1/queues/emails/messages/{m['id']}", params={"receipt": m["receipt"]})
+            time.sleep(0.25)
+    page.evaluate("sessionStorage.setItem('conveyor.minutes', '15')")
+    for name, hash_, selector in SHOTS:
+        visit(page, hash_, selector)
+        path = out / f"dashboard-{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert console.errors == []

@@ -130,8 +130,10 @@ function rangeButtons() {
 
 async function charts(kind, name, panels) {
   const data = await api(`/ui/api/history?kind=${enc(kind)}&name=${enc(name)}&minutes=${minutes()}`);
-  const to = new Date(), from = new Date(to.getTime() - data.minutes * 60000);
   const pts = data.points.map((p) => ({ ...p, t: new Date(p.sampled_at) }));
+  // the range asked for, or less while the history is younger than that
+  const to = new Date(), asked = to.getTime() - data.minutes * 60000;
+  const from = new Date(Math.max(asked, pts[0] ? pts[0].t.getTime() : asked));
   return h("div", { class: "charts", "data-samples": String(pts.length) }, panels.map(({ title, series }) => {
     const lines = series.map(([label, key, color]) => ({ label, color, points: pts.map((p) => ({ t: p.t, v: p[key] })) }));
     return h("div", { class: "chart" }, h("h3", { text: title }), lineChart(lines, { from, to }),
