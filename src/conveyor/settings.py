@@ -238,6 +238,9 @@ class Settings:
     schedule_enabled: bool = True
     schedule_poll_seconds: float = 1.0
     schedule_batch_size: int = 32
+    # the dashboard's history (server/ui, core/history.py): a sample every interval, kept this long
+    history_interval: float = 10.0
+    history_retention: float = 86400.0
 
     def __post_init__(self) -> None:
         if self.auth_mode not in AUTH_MODES:
@@ -277,6 +280,8 @@ class Settings:
             raise ValueError("webhook timeout and poll must be > 0 seconds and the batch at least 1")
         if self.schedule_poll_seconds <= 0 or not 1 <= self.schedule_batch_size <= 10000:
             raise ValueError("schedule poll must be > 0 seconds and the batch size from 1 to 10000")
+        if self.history_interval <= 0 or self.history_retention < 60:
+            raise ValueError("the history interval must be > 0 seconds and its retention at least 60 seconds")
 
     def _check_hq_port(self) -> None:
         """hq's port is a port of its own; hq's routes need the hq dialect, installed with it."""
@@ -363,4 +368,6 @@ _ENV: dict[str, tuple[str, Any]] = {
     "schedule_enabled": ("CONVEYOR_SCHEDULE_ENABLED", _bool),
     "schedule_poll_seconds": ("CONVEYOR_SCHEDULE_POLL_SECONDS", float),
     "schedule_batch_size": ("CONVEYOR_SCHEDULE_BATCH_SIZE", int),
+    "history_interval": ("CONVEYOR_HISTORY_INTERVAL", float),
+    "history_retention": ("CONVEYOR_HISTORY_RETENTION", float),
 }

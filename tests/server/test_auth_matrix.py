@@ -2,7 +2,8 @@
 credentials, against REST, Queen, hq (under /hq and on its own port), SQS (JSON and
 Query) and SNS (JSON and Query), unsigned, wrongly signed and correctly signed; each refusal in the protocol's own terms. Plus the
 holes this policy closed: an SNS "unsubscribe link" carrying another action, and AWS
-requests in token mode with a wrong bearer token."""
+requests in token mode with a wrong bearer token. The dashboard (/ui) is checked like
+REST: its data under /ui/api, and the admin role for what it destroys."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ CREDENTIALS = "AKIDCONVEYORTEST:good-secret,AKIDREADER:reader-secret:read"
 # (mode, AWS credentials configured)
 SERVERS = [("none", False), ("none", True), ("header", False), ("header", True), ("token", False), ("token", True)]
 KINDS = ("unsigned", "wrong", "correct")
-PROTOCOLS = ("rest", "queen", "hq", "hq-port", "sqs-json", "sqs-query", "sns-json", "sns-query")
+PROTOCOLS = ("rest", "queen", "hq", "hq-port", "ui", "sqs-json", "sqs-query", "sns-json", "sns-query")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def servers(module_dsn):
 
 def expected(protocol: str, mode: str, creds: bool, kind: str) -> str | None:
     """The refusal code a request gets, None if it is served."""
-    if protocol in ("rest", "queen", "hq", "hq-port"):
+    if protocol in ("rest", "queen", "hq", "hq-port", "ui"):
         if mode == "none" or kind == "correct" or (mode == "header" and kind == "wrong"):
             return None
         return "Unauthorized"
@@ -65,7 +66,8 @@ def _hq_url(server: ServerProcess) -> str:
 def call(server: ServerProcess, protocol: str, kind: str) -> str | None:
     """One harmless call; the error code it got, None on success."""
     url = server.url
-    paths = {"rest": url + "/v1/queues", "hq": url + "/hq/queues", "hq-port": _hq_url(server) + "/queues"}
+    paths = {"rest": url + "/v1/queues", "hq": url + "/hq/queues", "hq-port": _hq_url(server) + "/queues",
+             "ui": url + "/ui/api/queues"}  # the dashboard's data (its page and static files are open)
     if protocol in paths:
         headers = {"unsigned": {}, "wrong": {"Authorization": "Bearer wrong"},
                    "correct": {"Authorization": "Bearer good-token"}}[kind]
@@ -202,3 +204,19 @@ def test_queen_roles(servers):
                                ("POST", "/api/v1/configure", {"queue": "ro"})):
         r = httpx.request(method, url + path, json=body, headers=reader)
         assert r.status_code == 403 and r.json()["code"] == "PermissionDenied", (path, r.text)
+
+
+def test_the_dashboard_page_is_open_and_its_actions_need_admin(servers):
+    """/ui and its static files hold no data and load without credentials (the page asks
+    for a token); everything under /ui/api is authenticated, and destructive actions
+    need the admin role whatever the page shows."""
+    url = servers[("token", False)].url
+    assert httpx.get(url + "/ui/").status_code == 200
+    assert httpx.get(url + "/ui/static/app.js").status_code == 200
+    assert httpx.get(url + "/ui/api/whoami").json()["code"] == "Unauthorized"
+    reader = httpx.get(url + "/ui/api/whoami", headers={"Authorization": "Bearer reader-token"}).json()
+    assert reader["role"] == "read" and reader["may_admin"] is False
+    r = httpx.post(url + "/ui/api/queues/anything/redrives", headers={"Authorization": "Bearer reader-token"})
+    assert r.status_code == 403 and r.json()["code"] == "PermissionDenied"
+    r = httpx.post(url + "/ui/api/queues/anything/redrives", headers={"Authorization": "Bearer good-token"})
+    assert r.status_code == 404 and r.json()["code"] == "QueueNotFound"

@@ -28,7 +28,7 @@ from conveyor.protocols.queen import routes as queen
 from conveyor.protocols.rest import render
 from conveyor.protocols.rest import routes as rest
 from conveyor.protocols.sns import certificate as sns_certificate
-from conveyor.server import deadline, health, middleware, scheduler, webhooks, workers
+from conveyor.server import deadline, health, middleware, scheduler, ui, webhooks, workers
 from conveyor.server.broker import ServerBroker
 from conveyor.server.metrics import Metrics
 from conveyor.server.supervisor import Supervisor
@@ -161,7 +161,8 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
                               webhook_config=webhooks.config_from(
                                   settings.webhook_allow, timeout=settings.webhook_timeout,
                                   batch=settings.webhook_batch, poll=settings.webhook_poll),
-                              scheduler_config=scheduler.config_from(settings, broker.topic_urls(), broker.signer))
+                              scheduler_config=scheduler.config_from(settings, broker.topic_urls(), broker.signer),
+                              history_config=(settings.history_interval, settings.history_retention))
         try:
             yield
         finally:
@@ -188,6 +189,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
             Mount("/api/v1", queen_v1),  # Queen's HTTP API (docs/queen.md)
             Mount(hq.PREFIX, hq_api),  # hq's HTTP API, also at the root of the hq port (docs/dialects/hq.md)
             Route("/SimpleNotificationService.pem", sns_certificate.certificate, methods=["GET"]),
+            Mount("/ui", ui.app(broker, settings.auth_mode, settings.history_interval)),  # docs/dashboard.md
         ],
         middleware=[
             Middleware(middleware.Telemetry, metrics=metrics),

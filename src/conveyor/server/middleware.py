@@ -14,6 +14,15 @@ from conveyor.protocols import auth
 from conveyor.server.metrics import Metrics
 
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/v1/openapi.json", "/SimpleNotificationService.pem"})
+# The dashboard's page and its static files hold no data: a browser loads them without
+# credentials, then the page asks for a token and sends it on every /ui/api call.
+OPEN_PREFIXES = ("/ui/static/",)
+UI_PAGES = frozenset({"/ui", "/ui/"})
+
+
+def open_to_all(path: str) -> bool:
+    """Whether a path is served without authentication."""
+    return path in OPEN_PATHS or path in UI_PAGES or path.startswith(OPEN_PREFIXES)
 
 
 async def reply(send: Send, status: int, error: str, code: str,
@@ -92,7 +101,7 @@ class Auth:
         self.policy = policy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or open_to_all(scope["path"]):
             await self.app(scope, receive, send)
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)

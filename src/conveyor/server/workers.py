@@ -7,11 +7,12 @@ worker started again."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
 
 from conveyor import errors, tracing
-from conveyor.core import move_tasks, partitioned, queues, streams
+from conveyor.core import history, move_tasks, partitioned, queues, streams
 from conveyor.db import pool
 from conveyor.db.pool import Database
 from conveyor.server import scheduler, webhooks
@@ -52,6 +53,13 @@ async def depth_scrape(database: Database, metrics: Metrics) -> None:
         metrics.set_depths(await queues.metrics_all(conn))
         metrics.set_streams(await streams.stats(conn), await streams.consumer_stats(conn),
                             await partitioned.group_lag(conn))
+
+
+async def record_history(database: Database, interval: float, retention: float) -> None:
+    """One sample for the dashboard's charts, pruned to ``retention`` seconds. Every process
+    runs this; the SQL takes one sample per period (the first process to come)."""
+    async with database.connection() as conn:
+        await history.record(conn, dt.timedelta(seconds=retention), dt.timedelta(seconds=interval * 0.8))
 
 
 async def move_dead_letters(database: Database) -> None:
@@ -97,7 +105,8 @@ def start(supervisor: Supervisor, database: Database, metrics: Metrics, *, maint
           depth_interval: float, move_interval: float = 1.0,
           stream_intervals: tuple[float, float, float] = (0.5, 30.0, 300.0),
           webhook_config: webhooks.Config | None = None,
-          scheduler_config: scheduler.Config | None = None) -> None:
+          scheduler_config: scheduler.Config | None = None,
+          history_config: tuple[float, float] | None = None) -> None:
     """Start every background worker under ``supervisor`` (which restarts a failed one)."""
     tick, maint, vacuum = stream_intervals
     supervisor.start("stream-ticker", lambda: stream_ticker(database.dsn, tick_interval=tick, maint_interval=maint,
@@ -107,6 +116,10 @@ def start(supervisor: Supervisor, database: Database, metrics: Metrics, *, maint
     supervisor.start("maintenance", lambda: every(maintenance_interval, "maintenance", lambda: maintenance(database)))
     supervisor.start("depth-scrape", lambda: every(depth_interval, "depth scrape",
                                                    lambda: depth_scrape(database, metrics)))
+    if history_config is not None:  # the dashboard's charts: (interval, retention) in seconds
+        interval, retention = history_config
+        supervisor.start("history", lambda: every(interval, "history", lambda: record_history(database, interval,
+                                                                                             retention)))
     if webhook_config is not None:  # the topics' HTTP(S) deliveries (SKIP LOCKED: every process may run it)
         supervisor.start("webhooks", lambda: webhooks.run(database, metrics, webhook_config))
     if scheduler_config is not None:  # schedules (SKIP LOCKED: every process runs it)
