@@ -61,7 +61,9 @@ def test_db_migrate_twice_then_up_to_date(empty_dsn):
 
 def test_db_migrate_json_lists_what_it_applied(empty_dsn):
     applied = ok_json(run(empty_dsn, "db", "migrate", "--json"))
-    assert applied[:2] == [{"version": 1, "name": "queues"}, {"version": 2, "name": "redrive_and_attempts"}]
+    assert applied[:2] == [{"version": 1, "name": "queues", "dialect": None, "label": "0001_queues"},
+                           {"version": 2, "name": "redrive_and_attempts", "dialect": None,
+                            "label": "0002_redrive_and_attempts"}]
 
 
 # -- queues --------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from conveyor import errors
@@ -42,8 +44,14 @@ def migrate(obj, dialects: str | None, accept_checksums: bool) -> None:  # noqa:
     # or it would always report that nothing was left to apply
     settings = obj.settings()
     wanted = _dialects(dialects) if dialects is not None else settings.dialects
-    applied = context.run(settings, lambda conn: migrations.migrate(conn, accept_checksums=accept_checksums,
-                                                                    dialects=wanted), migrate=False)
+
+    async def action(conn: Any) -> list[migrations.Migration]:
+        pending = sum(1 for s in await migrations.status(conn) if s.applied_at is None)
+        with output.Progress("migrating", pending) as bar:
+            return await migrations.migrate(conn, accept_checksums=accept_checksums, dialects=wanted,
+                                            progress=lambda _: bar.update(bar.done + 1))
+
+    applied = context.run(settings, action, migrate=False)
     done = [{"version": m.version, "name": m.name, "dialect": m.dialect, "label": m.label} for m in applied]
     output.emit(done, obj.as_json, lambda: "\n".join(f"applied {m['label']}" for m in done)
                 if done else "schema is up to date")

@@ -212,7 +212,11 @@ def purge(obj, name: str, yes: bool) -> None:  # noqa: ANN001
     async def action(conn: Any) -> int:
         await ops.get(conn, name)
         output.confirm(f"Delete all messages of queue {name!r}?", yes)
-        return await ops.purge(conn, name)
+        m = await ops.metrics(conn, name)
+        with output.Progress(f"purging {name}", m.queue_length + m.in_flight + m.delayed) as bar:
+            n = await ops.purge(conn, name)  # one statement: the line shows the count when it is done
+            bar.update(n)
+        return n
 
     n = context.run(obj.settings(), action)
     output.emit({"queue": name, "deleted": n}, obj.as_json,
@@ -234,11 +238,11 @@ def reencrypt(obj) -> None:  # noqa: ANN001
         raise click.ClickException("CONVEYOR_ENCRYPTION_KEY is not set: there is no key to seal with")
     keyring = crypto.Keyring.of(settings.encryption_keys)
 
-    def report(n: int) -> None:
-        if not obj.as_json:
-            click.echo(f"  sealed {n} more", err=True)
+    async def action(conn: Any) -> sealing.Resealed:
+        with output.Progress("sealing", None) as bar:
+            return await sealing.reseal(conn, keyring, lambda n: bar.update(bar.done + n))
 
-    done = context.run(settings, lambda conn: sealing.reseal(conn, keyring, report))
+    done = context.run(settings, action)
     output.emit({"key": keyring.active, "messages": done.messages, "archived": done.archived,
                  "partitioned": done.partitioned, "dead_letters": done.dead_letters}, obj.as_json,
                 f"sealed {done.total} with key {keyring.active} ({done.messages} messages, {done.archived} archived, "

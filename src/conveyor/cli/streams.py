@@ -456,8 +456,18 @@ def replay(obj, dead_letter_id: int) -> None:  # noqa: ANN001
 @output.json_option
 @click.pass_obj
 def replay_all(obj, name: str) -> None:  # noqa: ANN001
-    """Append every dead letter of stream NAME to it again, as new events."""
-    n = context.run(obj.settings(), lambda conn: ops.replay_dead_letters(conn, name))
+    """Append every dead letter of stream NAME to it again, as new events (in one
+    transaction: all of them or none)."""
+
+    async def action(conn: Any) -> int:
+        await ops.get(conn, name)
+        waiting = next((s.dead_letters for s in await ops.stats(conn) if s.stream == name), None)
+        with output.Progress(f"replaying the dead letters of {name}", waiting) as bar:
+            n = await ops.replay_dead_letters(conn, name)
+            bar.update(n)
+        return n
+
+    n = context.run(obj.settings(), action)
     output.emit({"stream": name, "replayed": n}, obj.as_json, f"replayed {_plural(n, 'dead letter')}")
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -208,7 +209,8 @@ async def _migrate_dialect(conn: execute.Connection, dialect: str, applied: dict
 
 
 async def migrate(conn: execute.Connection, *, accept_checksums: bool = False,
-                  dialects: tuple[str, ...] = ()) -> list[Migration]:
+                  dialects: tuple[str, ...] = (),
+                  progress: Callable[[Migration], None] | None = None) -> list[Migration]:
     """Apply every migration not yet applied, in one transaction, after checking those
     already applied against this build's (see the module's docstring): Conveyor's, then
     those of the dialects asked for and of those installed before. Returns those applied."""
@@ -229,6 +231,8 @@ async def migrate(conn: execute.Connection, *, accept_checksums: bool = False,
                     "INSERT INTO conveyor.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                     (migration.version, migration.name, migration.checksum))
                 done.append(migration)
+                if progress is not None:
+                    progress(migration)
             installed = await _dialects_applied(conn)
             for dialect in DIALECTS:
                 if dialect in dialects or dialect in installed:
