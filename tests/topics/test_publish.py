@@ -127,7 +127,8 @@ async def test_publishing_from_sql_alone(conn):
     await queues.create(conn, "q")
     await topics.subscribe(conn, Sub(pattern="orders.*", queue="q"))
     cur = await conn.execute("""SELECT * FROM conveyor.topic_publish('orders.new', '{"body": "from psql"}')""")
-    queues_, endpoints, sequence, [copy] = await cur.fetchone()
+    queues_, endpoints, sequence, [copy], sealed = await cur.fetchone()
+    assert sealed == []  # no encrypted queue: nothing left for the caller to seal
     assert (queues_, endpoints, sequence) == (["q"], 0, None)
     assert (copy["queue"], copy["id"]) == ("q", 1)
     [m] = await messages.receive(conn, "q")

@@ -9,6 +9,7 @@ binds the topic's name as the pattern. See docs/topics.md.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence
@@ -236,7 +237,9 @@ async def publish(conn: Connection, routing_key: str, publication: types.Publica
     if "\x00" in publication.body or any("\x00" in b for b in (publication.bodies or {}).values()):
         raise errors.InvalidInput("message bodies cannot contain NUL characters (U+0000)")
     message = publish_message(routing_key, publication, signer=signer, urls=urls)
-    async with conn.transaction():
+    # one transaction with the sealed copies' sends: the caller's own (a connection not in
+    # autocommit: publish is part of it), else one opened here
+    async with conn.transaction() if conn.autocommit else contextlib.nullcontext():
         row = await db.fetch_one(conn, "topic_publish", {"routing_key": routing_key, "message": message})
         if row is None:
             raise errors.InternalError("topic_publish returned no row")

@@ -1,0 +1,181 @@
+"""The pipeline on a real Spark cluster (issue 18, item 1): a standalone master and two
+workers started from the installed PySpark on loopback (separate JVMs); `pipeline
+archive` and `pipeline report`, a batch read and a streaming read through the data
+source, run with ``--master spark://...`` give what local mode gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyspark
+import pytest
+from deltalake import DeltaTable
+
+from conveyor.pipeline import archive
+from conveyor.pipeline import report as reports
+from spark.helpers import append, sql, tick
+
+SPARK_HOME = Path(pyspark.__file__).parent
+CLASS = str(SPARK_HOME / "bin" / "spark-class")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(tmp), "SPARK_WORKER_DIR": str(tmp / "work"),
+            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
+def _log(path: Path) -> int:
+    """A file descriptor for a daemon's output (the child keeps it; ours is closed by the OS
+    when the test process ends)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the Spark {what} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"the Spark {what} did not listen on {port} within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``spark://127.0.0.1:<port>`` of a master with two one-core workers."""
+    tmp = tmp_path_factory.mktemp("spark-cluster")
+    env = _env(tmp)
+    port, web = _port(), _port()
+    procs = [subprocess.Popen([CLASS, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(port), "--webui-port", str(web)], env=env,
+                              stdout=_log(tmp / "master.log"), stderr=subprocess.STDOUT)]
+    try:
+        _wait_port(port, procs[0], "master")
+        url = f"spark://127.0.0.1:{port}"
+        for n in range(2):
+            worker_web = _port()
+            procs.append(subprocess.Popen([CLASS, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+                                           "--cores", "1", "--memory", "1g", "--webui-port", str(worker_web),
+                                           "--work-dir", str(tmp / f"work-{n}")], env=env,
+                                          stdout=_log(tmp / f"worker-{n}.log"), stderr=subprocess.STDOUT))
+            _wait_port(worker_web, procs[-1], f"worker {n}")
+        deadline = time.monotonic() + 60  # both workers registered with the master
+        while (tmp / "master.log").read_text(errors="replace").count("Registering worker") < 2:
+            assert time.monotonic() < deadline, "the workers did not register"
+            time.sleep(0.2)
+        yield url
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+CONF = ["--conf", "spark.executor.memory=512m", "--conf", "spark.cores.max=2", "--conf",
+        "spark.sql.shuffle.partitions=2", "--conf", "spark.driver.host=127.0.0.1",
+        "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.ui.enabled=false"]
+
+
+def _conveyor(dsn: str, tmp: Path, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "conveyor", "--database-url", dsn, "--json", "pipeline", *args],
+                          env=_env(tmp), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _figures(report: dict) -> dict:
+    """What must not depend on where Spark ran: rows per source, and queue latencies (from
+    the database's timestamps; a stream's is measured to when it was archived)."""
+    return {(s["kind"], s["name"]): (s["messages"], s["latency_ms"] if s["kind"] == "queue" else None,
+                                     s["retried"], s["dead_lettered"]) for s in report["sources"]}
+
+
+def test_archive_and_report_on_the_cluster_match_local_mode(cluster, spark, dsn, tmp_path):
+    sql(dsn, "SELECT conveyor.queue_create('jobs')")
+    sql(dsn, "SELECT conveyor.message_send_batch('jobs', array(SELECT 'job ' || i FROM generate_series(1, 500) i))")
+    sql(dsn, "SELECT conveyor.message_archive('jobs', array(SELECT i::bigint FROM generate_series(1, 400) i))")
+    sql(dsn, "SELECT conveyor.stream_create('orders')")
+    append(dsn, "orders", [f"order {i}" for i in range(300)])
+    tick(dsn, "orders")
+    on_cluster, local = tmp_path / "cluster", tmp_path / "local"
+    for name, source in (("jobs", ["--queue", "jobs"]), ("orders", ["--stream", "orders", "--consumer", "on-cluster"])):
+        done = _conveyor(dsn, tmp_path, "archive", *source, "--path", str(on_cluster / name), "--once",
+                         "--master", cluster, *CONF)
+        assert done["rows"] == (400 if name == "jobs" else 300), done
+    report = _conveyor(dsn, tmp_path, "report", str(on_cluster), "--out", str(tmp_path / "report"),
+                       "--master", cluster, *CONF)
+    assert (tmp_path / "report" / "report.html").exists()
+    # the same in local mode (this process's session)
+    assert archive.run(spark, archive.ArchiveJob(dsn=dsn, path=local / "jobs", queue="jobs")).rows == 400
+    assert archive.run(spark, archive.ArchiveJob(dsn=dsn, path=local / "orders", stream="orders",
+                                                 consumer="locally")).rows == 300
+    for name in ("jobs", "orders"):
+        rows = {where: sorted(DeltaTable(str(where / name)).to_pyarrow_table(columns=["id"]).column("id").to_pylist())
+                for where in (on_cluster, local)}
+        assert rows[on_cluster] == rows[local] and len(rows[local]) == len(set(rows[local]))
+    assert _figures(report) == _figures(reports.build(spark, [local], dsn).to_json())
+
+
+READS = textwrap.dedent("""
+    import json, sys
+    from conveyor.pipeline import session
+    dsn, master, checkpoint, consumer = sys.argv[1:5]
+    spark = session.build(master, dict(c.split("=", 1) for c in sys.argv[5:]))
+    batch = spark.read.format("conveyor").option("dsn", dsn).option("queue", "reads").load()
+    got = {"batch": sorted(r["body"] for r in batch.select("body").collect())}
+    seen = []
+    query = (spark.readStream.format("conveyor").option("dsn", dsn).option("stream", "feed")
+             .option("consumer", consumer).option("startingPosition", "earliest").load()
+             .writeStream.option("checkpointLocation", checkpoint)
+             .foreachBatch(lambda df, _: seen.extend(r["payload"] for r in df.select("payload").collect()))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    got["stream"] = sorted(seen)
+    print(json.dumps(got))
+    spark.stop()
+""")
+
+
+def test_batch_and_streaming_reads_on_the_cluster_match_local_mode(cluster, spark, dsn, tmp_path):
+    sql(dsn, "SELECT conveyor.queue_create('reads')")
+    sql(dsn, "SELECT conveyor.message_send_batch('reads', array(SELECT 'm ' || i FROM generate_series(1, 200) i))")
+    sql(dsn, "SELECT conveyor.stream_create('feed')")
+    append(dsn, "feed", [f"e {i}" for i in range(150)])
+    tick(dsn, "feed")
+    conf = [c for c in CONF if c != "--conf"]
+    proc = subprocess.run([sys.executable, "-c", READS, dsn, cluster, str(tmp_path / "cluster-checkpoint"),
+                           "on-cluster", *conf], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    on_cluster = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the same reads in local mode (this process's session)
+    batch = spark.read.format("conveyor").option("dsn", dsn).option("queue", "reads").load()
+    seen: list[str] = []
+    query = (spark.readStream.format("conveyor").option("dsn", dsn).option("stream", "feed")
+             .option("consumer", "locally").option("startingPosition", "earliest").load()
+             .writeStream.option("checkpointLocation", str(tmp_path / "local-checkpoint"))
+             .foreachBatch(lambda df, _: seen.extend(r["payload"] for r in df.select("payload").collect()))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    local = {"batch": sorted(r["body"] for r in batch.select("body").collect()), "stream": sorted(seen)}
+    assert on_cluster == local
+    assert len(local["batch"]) == 200 and len(local["stream"]) == 150
