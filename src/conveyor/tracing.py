@@ -110,6 +110,17 @@ def job_span(name: str) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def consumer_span(name: str, traceparent: str | None) -> Iterator[None]:
+    """A CONSUMER span under the trace a message carries (its sender's), for the work
+    done on it; a new trace when it carries none. Tasks created inside inherit it."""
+    if _tracer is None:
+        yield
+        return
+    with _tracer.start_as_current_span(name, context=context_of(traceparent) or Context(), kind=SpanKind.CONSUMER):
+        yield
+
+
 def current_traceparent() -> str | None:
     """The W3C traceparent of the span now running, if tracing is on and one is."""
     if _tracer is None:

@@ -118,3 +118,31 @@ def test_settings():
     assert s.tracing and s.tracing_sample_rate == 0.25
     with pytest.raises(ValueError):
         Settings(tracing_sample_rate=1.5)
+
+
+async def test_a_worker_continues_the_senders_trace(dsn, spans):
+    """The Python client's worker runs each handler in a CONSUMER span under the trace the
+    message carries (sent by a traced request)."""
+    from conveyor.client import AsyncClient
+    from conveyor.core import queues
+    from conveyor.db import pool
+
+    async with pool.connect(dsn) as conn:
+        await queues.create(conn, "traced-work")
+    client = AsyncClient.sql(dsn)
+    try:
+        with TestClient(create_app(Settings(auth_mode="header"), dsn), headers={"Authorization": "x"}) as c:
+            c.post("/v1/queues/traced-work/messages", json={"message": "m"}, headers={"traceparent": PARENT})
+        worker = client.worker(wait=0.2)
+        handled = []
+
+        @worker.handler("traced-work")
+        async def handle(message) -> None:
+            handled.append(trace.get_current_span().get_span_context().trace_id)
+            worker.stop()
+
+        await worker.run(install_signals=False)
+    finally:
+        await client.close()
+    [consumer] = [s for s in spans.get_finished_spans() if s.kind == trace.SpanKind.CONSUMER]
+    assert format(consumer.context.trace_id, "032x") == TRACE_ID and handled == [consumer.context.trace_id]

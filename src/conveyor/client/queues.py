@@ -65,6 +65,7 @@ class Received:
     group_id: str | None = None
     sent_at: datetime | str | None = None
     is_json: bool = False
+    traceparent: str | None = None  # the sender's trace (conveyor.tracing), for the handler to continue
 
     def json(self) -> Any:
         """The body parsed as JSON."""
@@ -142,9 +143,10 @@ class SqlTransport:
 
 
 def _from_row(queue: str, m: types.Message) -> Received:
+    trace = (m.system_attributes or {}).get("traceparent") or {}
     return Received(queue=queue, id=m.id, body=m.body, receive_count=m.receive_count,
                     receipt=f"{m.id}:{m.receive_count}", headers=m.headers, group_id=m.group_id,
-                    sent_at=m.sent_at, is_json=m.is_json)
+                    sent_at=m.sent_at, is_json=m.is_json, traceparent=trace.get("StringValue"))
 
 
 # -- HTTP -----------------------------------------------------------------------------------
@@ -201,7 +203,8 @@ class HttpTransport:
         return [Received(queue=queue, id=m["id"], receipt=m["receipt"], receive_count=m["receive_count"],
                          body=m["message"] if isinstance(m["message"], str) else orjson.dumps(m["message"]).decode(),
                          is_json=not isinstance(m["message"], str), headers=m.get("headers"),
-                         group_id=m.get("group_id"), sent_at=m.get("sent_at")) for m in r.json()]
+                         group_id=m.get("group_id"), sent_at=m.get("sent_at"),
+                         traceparent=m.get("traceparent")) for m in r.json()]
 
     async def _settle(self, method: str, m: Received, suffix: str = "", **kwargs: Any) -> bool:
         r = await self._call(method, f"/v1/queues/{m.queue}/messages/{m.id}{suffix}",

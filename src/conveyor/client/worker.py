@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor import errors
+from conveyor import errors, tracing
 from conveyor.client.consumer import DeadLetter  # one exception for stream and queue handlers
 from conveyor.client.queues import AsyncClient, Received
 
@@ -170,6 +170,10 @@ class Worker:
         return []
 
     async def _handle(self, message: Received) -> None:
+        with tracing.consumer_span(f"process {message.queue}", message.traceparent):  # continues the sender's trace
+            await self._work_on(message)
+
+    async def _work_on(self, message: Received) -> None:
         work = asyncio.create_task(_call(self.handlers[message.queue], message))
         lost = asyncio.Event()
         beat = asyncio.create_task(self._heartbeat(message, work, lost))
