@@ -584,12 +584,15 @@ BEGIN
             CONTINUE;
         END IF;
         scan_xmin := pg_snapshot_xmin(pg_current_snapshot());
-        -- partitions pushed to since the group last found nothing, a bounded number at a
-        -- time: if the bound is reached, only those are known to be looked at
+        -- partitions pushed to since the group last found nothing and still holding work
+        -- for it, a bounded number at a time: if the bound is reached, only those are
+        -- known to be looked at (the ones the group consumed meanwhile are passed over, so
+        -- a push that lands behind many partitions of one big transaction is still found)
         SELECT array_agg(p.id), CASE WHEN count(*) >= 1000 THEN max(p.head_xid) ELSE scan_xmin END
           INTO pushed, scan_xmin
           FROM (SELECT p.id, p.head_xid FROM conveyor.partitions p
-                 WHERE p.queue_id = q.id AND p.head_xid >= g.scanned_xid AND p.head > 0
+                  LEFT JOIN conveyor.partition_cursors x ON x.partition_id = p.id AND x.consumer_group = group_name
+                 WHERE p.queue_id = q.id AND p.head_xid >= g.scanned_xid AND p.head > coalesce(x.cursor, 0)
                  ORDER BY p.head_xid LIMIT 1000) p;
         FOR candidate IN
             SELECT c.id FROM (
