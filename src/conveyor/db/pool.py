@@ -45,8 +45,8 @@ class Database:
     (every ``probe_interval`` seconds), every call fails at once with ``errors.Unavailable``
     instead of waiting the pool's timeout, and the failover spool takes the writes it may.
 
-    Failover: new connections go wherever the DSN leads (a multi-host URL with
-    ``target_session_attrs=read-write`` finds the new primary; libpq checks every host).
+    Failover: new connections, and the probe, go wherever the DSN leads (a multi-host URL
+    with ``target_session_attrs=read-write`` finds the new primary; libpq checks every host).
     Connections to the old primary break and are replaced like after a restart. A server
     that still answers but refuses writes (SQLSTATE 25006: a demoted or draining primary,
     which pg_auto_failover marks ``default_transaction_read_only``) would keep its
@@ -164,7 +164,13 @@ class Database:
         self._drained_at = now
         log.warning("the database refused a write as read-only (a demoted primary?): "
                     "reconnecting every pooled connection")
-        self._draining = asyncio.get_running_loop().create_task(self._pool.drain())
+        self._draining = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await self._pool.drain()
+        except Exception:  # closed meanwhile: nothing left to replace
+            log.debug("pool drain failed", exc_info=True)
 
     def stats(self) -> PoolStats:
         s = self._pool.get_stats()
