@@ -24,8 +24,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection
 
-# SQLSTATE classes that mean "the database is not there right now".
-_UNAVAILABLE_CLASSES = ("08", "53", "57", "58")
+# SQLSTATE classes that mean "the database is not there right now", and 25006
+# (read_only_sql_transaction): a write reached a standby or a demoted primary during a
+# failover, so the primary is elsewhere now (conveyor.db.pool reconnects).
+_UNAVAILABLE_CLASSES = ("08", "53", "57", "58", "25006")
 
 
 def translate(exc: BaseException) -> errors.ConveyorError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -15,6 +16,14 @@ from conveyor import errors
 from conveyor.db import execute
 
 log = logging.getLogger(__name__)
+
+# psycopg_pool retries a lost connection with a delay that doubles without bound (1, 2, 4,
+# 8, 16, 32 s...): with an endless retry a primary promoted 20 s into an outage was first
+# tried at 31 s. A slot that cannot reconnect within this window is given up instead, and
+# a new window begins at once (``_reconnect_failed``), so attempts stay at most ~2 s apart.
+RECONNECT_WINDOW = 5.0
+# At most one drain of the whole pool per this many seconds (see ``_drain_soon``).
+DRAIN_INTERVAL = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +44,14 @@ class Database:
     The database is then also known to be down (``down``): until a probe connects again
     (every ``probe_interval`` seconds), every call fails at once with ``errors.Unavailable``
     instead of waiting the pool's timeout, and the failover spool takes the writes it may.
+
+    Failover: new connections, and the probe, go wherever the DSN leads (a multi-host URL
+    with ``target_session_attrs=read-write`` finds the new primary; libpq checks every host).
+    Connections to the old primary break and are replaced like after a restart. A server
+    that still answers but refuses writes (SQLSTATE 25006: a demoted or draining primary,
+    which pg_auto_failover marks ``default_transaction_read_only``) would keep its
+    connections, so such an error drains the whole pool: every connection is reopened
+    through the DSN.
     """
 
     def __init__(self, dsn: str, *, min_size: int = 2, max_size: int = 10, timeout: float = 10.0,
@@ -53,12 +70,15 @@ class Database:
             max_waiting=max_waiting,
             open=False,
             kwargs={"autocommit": True, "application_name": application_name},
-            reconnect_timeout=float("inf"),
+            reconnect_timeout=RECONNECT_WINDOW,
+            reconnect_failed=self._reconnect_failed,
         )
         self._checking: asyncio.Task[None] | None = None
         self.down = False
         self.probe_interval = 0.5
         self._probing: asyncio.Task[None] | None = None
+        self._draining: asyncio.Task[None] | None = None
+        self._drained_at = float("-inf")
 
     async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
         with execute.translated():
@@ -83,6 +103,8 @@ class Database:
             if _unreachable(exc.__cause__) and not (isinstance(exc.__cause__, psycopg_pool.PoolTimeout)
                                                     and self.stats().size > 0):  # busy, not unreachable
                 self._mark_down()
+            if isinstance(exc.__cause__, psycopg.errors.ReadOnlySqlTransaction):
+                self._drain_soon()
             if isinstance(exc, errors.Throttled) and self._on_throttled is not None:
                 self._on_throttled()
             raise
@@ -126,6 +148,29 @@ class Database:
             await self._pool.check()
         except Exception:  # the check itself failing means the database is still down
             log.debug("pool check failed", exc_info=True)
+
+    def _reconnect_failed(self, _pool: object) -> None:
+        """A slot gave up reconnecting (``RECONNECT_WINDOW``): the check grows the pool
+        again, whose first attempt is immediate."""
+        self._check_soon()
+
+    def _drain_soon(self) -> None:
+        """Replace every connection, at most once per ``DRAIN_INTERVAL``: the requests
+        that were already running on the read-only server fail the same way meanwhile,
+        and must not close the fresh connections the first drain opened."""
+        now = time.monotonic()
+        if now - self._drained_at < DRAIN_INTERVAL:
+            return
+        self._drained_at = now
+        log.warning("the database refused a write as read-only (a demoted primary?): "
+                    "reconnecting every pooled connection")
+        self._draining = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await self._pool.drain()
+        except Exception:  # closed meanwhile: nothing left to replace
+            log.debug("pool drain failed", exc_info=True)
 
     def stats(self) -> PoolStats:
         s = self._pool.get_stats()

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 QUEUE_CHANNEL = "conveyor_queue"
 STREAM_CHANNEL = "conveyor_stream"
+# Delay before reconnecting the LISTEN connection, doubled after each failed attempt.
+MIN_RECONNECT_DELAY = 0.1
+MAX_RECONNECT_DELAY = 5.0
 
 
 def stream_key(stream: str) -> str:
@@ -90,6 +93,7 @@ class WaiterHub:
         self._marking: dict[str, asyncio.Future[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._connected = asyncio.Event()
+        self._reconnect_delay = MIN_RECONNECT_DELAY
         self.closing = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -177,21 +181,22 @@ class WaiterHub:
         self.wake(queue, n)
 
     async def _listen_forever(self) -> None:
-        delay = 0.1
         while True:
             try:
                 async for channel, payload in listen.notifications(
                         self._dsn, (QUEUE_CHANNEL, STREAM_CHANNEL), self._on_listening):
-                    delay = 0.1
                     self._on_notification(channel, payload)
             except errors.ConveyorError as exc:
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, self._reconnect_delay)
             self._connected.clear()
             self._marked_until.clear()  # the database may have been restored or replaced
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            await asyncio.sleep(self._reconnect_delay)
+            self._reconnect_delay = min(self._reconnect_delay * 2, MAX_RECONNECT_DELAY)
 
     async def _on_listening(self) -> None:
+        # reconnected (to the same server, or through a multi-host DSN to a new primary):
+        # the next loss starts again from a short delay, even if no notification came
+        self._reconnect_delay = MIN_RECONNECT_DELAY
         self._connected.set()
         self.wake_all()
 
