@@ -29,6 +29,7 @@
     ├── PermissionDenied         403 — the caller's role may not do this (42501)
     ├── Unauthorized             403 — no or unknown credentials
     ├── Unavailable              503 — the database cannot be reached right now
+    │   ├── DatabaseUnreachable    — and the request never reached it (nothing was done)
     │   ├── Throttled              — too much is waiting already: retry later
     │   ├── SchemaMismatch         — a migration applied to the database differs from this build's
     │   └── SchemaMissing          (3F000) — the Conveyor schema is not installed
@@ -180,6 +181,12 @@ class Unauthorized(ConveyorError):
 
 class Unavailable(ConveyorError):
     pass
+
+
+class DatabaseUnreachable(Unavailable):
+    """The request never reached the database (no connection could be had, or the
+    database is known to be down): nothing of it was done, so it may be taken elsewhere
+    (the failover spool) without risk of doing it twice."""
 
 
 class Throttled(Unavailable):

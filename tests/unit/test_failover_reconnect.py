@@ -157,3 +157,15 @@ async def test_listen_reconnects_quickly_after_a_second_outage(outage):
             assert time.monotonic() - restored < 1.5, "without the first outage's long delay"
     finally:
         await hub.stop()
+
+
+def test_a_refusal_by_admission_control_is_not_an_outage():
+    """psycopg_pool's TooManyRequests (max_waiting reached) is an OperationalError without
+    a SQLSTATE, like a lost connection: it must not trip the fail-fast (a test under
+    overload saw SQS answer ServiceUnavailable for it)."""
+    import psycopg_pool
+
+    from conveyor.db.pool import _unreachable
+
+    assert not _unreachable(psycopg_pool.TooManyRequests("the pool has 4 requests queued"))
+    assert _unreachable(psycopg_pool.PoolTimeout("couldn't get a connection"))

@@ -92,7 +92,7 @@ class Database:
     @contextlib.asynccontextmanager
     async def connection(self, timeout: float | None = None) -> AsyncIterator[execute.Connection]:
         if self.down:
-            raise errors.Unavailable("the database is unreachable; calls fail at once until it answers again")
+            raise errors.DatabaseUnreachable("the database is unreachable; calls fail at once until it answers again")
         try:
             with execute.translated():
                 async with self._pool.connection(timeout=timeout) as conn:
@@ -107,6 +107,9 @@ class Database:
                 self._drain_soon()
             if isinstance(exc, errors.Throttled) and self._on_throttled is not None:
                 self._on_throttled()
+            if isinstance(exc.__cause__, psycopg_pool.PoolTimeout) and not isinstance(exc, errors.Throttled):
+                raise errors.DatabaseUnreachable(exc.message if isinstance(exc, errors.ConveyorError) else str(exc)) \
+                    from exc.__cause__  # no connection was had: nothing was sent
             raise
 
     async def ping(self, timeout: float) -> None:
@@ -186,6 +189,8 @@ _DOWN_STATES = {"57P01", "57P02", "57P03", "08000", "08001", "08003", "08004", "
 def _unreachable(cause: BaseException | None) -> bool:
     """Whether a failure says the database cannot be reached (not that a statement
     failed): no connection to be had, a broken one, or a server shutting down or starting."""
+    if isinstance(cause, psycopg_pool.TooManyRequests):  # admission control refused it: busy, not down
+        return False
     if isinstance(cause, psycopg_pool.PoolTimeout):
         return True
     return isinstance(cause, psycopg.OperationalError) and (cause.sqlstate is None or cause.sqlstate in _DOWN_STATES)

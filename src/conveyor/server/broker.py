@@ -31,6 +31,7 @@ MAX_RECEIVE = 1000  # the SQL API's largest qty
 QUEUE_CACHE_SECONDS = 2.0
 SPOOL_PAGE = 200  # spooled records replayed per transaction
 SPOOL_REPLAY_INTERVAL = 0.2
+SPOOL_CATCH_UP = 5.0  # seconds a write waits for the replay once the database is back
 QUEUE_CACHE_SIZE = 10000
 
 
@@ -99,7 +100,8 @@ class ServerBroker:
         self._pq_cache: dict[str, tuple[bool, float]] = {}
         self.keyring = crypto.Keyring.of(settings.encryption_keys) if settings.encryption_keys else None
         self.spool: Spool | None = None
-        self._replayer: asyncio.Task[None] | None = None  # partitioned queue: encryptionEnabled
+        self._replayer: asyncio.Task[None] | None = None
+        self._spool_drained = asyncio.Event()  # set while nothing waits in the spool  # partitioned queue: encryptionEnabled
         self.waiters = WaiterHub(database.dsn, self._mark_listened, listen_seconds=settings.listen_seconds,
                                  poll_fallback=settings.poll_fallback_seconds)
         self._signer: signing.Signer | None = None
@@ -226,14 +228,14 @@ class ServerBroker:
     async def send(self, queue: str, batch: Sequence[types.OutgoingMessage], *,
                    spool: bool = False) -> list[types.Sent]:
         batch = _traced(batch)
-        if spool and self._spooling():
+        if spool and await self._must_spool():
             return await self._spool_send(queue, batch)
         try:
             sealed = await self._sealed(queue, batch)
             if "send" in self.fusers:
                 return await self._fused("send", queue, sealed)
             return await self._send_batch(queue, sealed)
-        except errors.Unavailable:
+        except errors.DatabaseUnreachable:  # never reached the database: safe to take it here
             if spool and self._spooling():
                 return await self._spool_send(queue, batch)
             raise
@@ -249,6 +251,18 @@ class ServerBroker:
         has been replayed (so they reach the database in the order they were taken)."""
         return self.spool is not None and (self.database.down or self.spool.waiting > 0)
 
+    async def _must_spool(self) -> bool:
+        """Whether a spoolable write goes to the spool. Once the database is back, a write
+        waits (up to SPOOL_CATCH_UP seconds) for the replay to finish rather than join the
+        spool behind it: under steady load the replay would otherwise never catch up."""
+        if not self._spooling():
+            return False
+        if self.database.down:
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._spool_drained.wait(), SPOOL_CATCH_UP)
+        return self._spooling()
+
     async def _spool_send(self, queue: str, batch: Sequence[types.OutgoingMessage]) -> list[types.Sent]:
         assert self.spool is not None
         cached = self._queue_cache.get(queue)  # the database cannot be asked
@@ -257,6 +271,7 @@ class ServerBroker:
             assert cached is not None
             batch = self._seal_for(cached[0], batch)
         promised = [dataclasses.replace(m, message_uuid=m.message_uuid or uuid.uuid4()) for m in batch]
+        self._spool_drained.clear()
         await self.spool.append({"kind": "send", "queue": queue, "sealed": sealed,
                                  "messages": [m.to_json() for m in promised]})
         self.metrics.spooled.inc(len(promised))
@@ -273,6 +288,7 @@ class ServerBroker:
             keyring = self._keyring(f"queue {sorted(str(n) for n in encrypted)[0]!r}")
             stamped = [{**i, "payload": keyring.seal_text(orjson.dumps(i.get("payload")).decode()), "encrypted": True}
                        if i.get("queue") in encrypted else i for i in stamped]
+        self._spool_drained.clear()
         await self.spool.append({"kind": "pq_push", "sealed": sealed, "items": stamped})
         self.metrics.spooled.inc(len(stamped))
         return [{"index": n, "status": "buffered", "transactionId": i["transactionId"], "queue": i.get("queue"),
@@ -294,7 +310,7 @@ class ServerBroker:
         assert self.spool is not None
         done = 0
         self.spool.seal_segment()  # appends from now on go to a segment of their own
-        for segment in self.spool.segments():
+        for segment in self.spool.sealed_segments():
             records = list(self.spool.records_of(segment))
             for at in range(0, len(records), SPOOL_PAGE):
                 page = records[at:at + SPOOL_PAGE]
@@ -311,6 +327,8 @@ class ServerBroker:
         if done:
             log.warning("replayed %d spooled writes", done)
             self.metrics.spool_replayed.inc(done)
+        if self.spool.waiting <= 0:
+            self._spool_drained.set()
         return done
 
     async def _replay_one(self, conn: Connection, record: Any) -> None:
@@ -455,14 +473,14 @@ class ServerBroker:
     async def pq_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Push items (any queues, any partitions): one answer each, in order (while the
         database is down, taken by the failover spool: status ``buffered``)."""
-        if self._spooling():
+        if await self._must_spool():
             return await self._spool_push(items)
         try:
             sealed = await self._pq_sealed(items)
             if "pq_push" in self.fusers:
                 return await self._fused("pq_push", None, sealed)
             return await self._pq_push_db(sealed)
-        except errors.Unavailable:
+        except errors.DatabaseUnreachable:  # never reached the database: safe to take it here
             if self._spooling():
                 return await self._spool_push(items)
             raise
@@ -649,6 +667,8 @@ class ServerBroker:
                 log.warning("%d writes left in the failover spool: replaying them before taking traffic",
                             self.spool.waiting)
                 await self.replay_spool()
+            if not self.spool.waiting:
+                self._spool_drained.set()
             self._replayer = asyncio.create_task(self._replay_forever())
         await self.waiters.start()
         with contextlib.suppress(errors.ConveyorError):

@@ -29,6 +29,7 @@ import fcntl
 import logging
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -80,6 +81,7 @@ class Spool:
         self._file: Any = None
         self._pending: list[tuple[bytes, asyncio.Future[str]]] = []
         self._writer: asyncio.Task[None] | None = None
+        self._io = threading.Lock()  # the segment file: written in a thread, sealed by the replay
         self.size = sum(p.stat().st_size for p in self.segments())
         self.waiting = sum(1 for _ in self.records())  # records not replayed yet
 
@@ -106,6 +108,12 @@ class Spool:
 
     def segments(self) -> list[Path]:
         return sorted(self.slot_dir.glob("*.spool"), key=lambda p: int(p.stem))
+
+    def sealed_segments(self) -> list[Path]:
+        """The segments no append goes to any more (the one being written is left for the
+        next round: records may still be added to it)."""
+        with self._io:
+            return [s for s in self.segments() if s != self._segment]
 
     def records(self) -> Iterator[Record]:
         """Every record waiting, oldest first."""
@@ -149,7 +157,7 @@ class Spool:
             batch, self._pending = self._pending, []
             try:
                 keys = await asyncio.to_thread(self._write_sync, [frame for frame, _ in batch])
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - every waiting request must get an answer
                 for frame, future in batch:
                     self.size -= len(frame)
                     future.set_exception(errors.Unavailable(f"the failover spool cannot be written: {exc}"))
@@ -160,6 +168,10 @@ class Spool:
                     future.set_result(key)
 
     def _write_sync(self, frames: list[bytes]) -> list[str]:
+        with self._io:
+            return self._write_locked(frames)
+
+    def _write_locked(self, frames: list[bytes]) -> list[str]:
         if self._file is None:
             self._segment = self.slot_dir / f"{time.time_ns()}.spool"
             self._file = open(self._segment, "ab")  # noqa: SIM115 - kept open across appends
@@ -180,16 +192,18 @@ class Spool:
 
     def seal_segment(self) -> None:
         """Start a new segment with the next append (the current one can then be removed
-        once replayed)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            self._segment = None
+        once replayed). Waits for a write in progress to finish."""
+        with self._io:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+                self._segment = None
 
     def remove(self, segment: Path) -> None:
         if segment == self._segment:
             self.seal_segment()
-        self.size -= segment.stat().st_size
+        with self._io:
+            self.size -= segment.stat().st_size
         segment.unlink()
         _fsync_dir(self.slot_dir)
 
