@@ -18,10 +18,22 @@ LANDED = {
     "0005_topics": "bb4aa535c5a05930b15ceae6e6d706849354bece6b872f462c61ba419ab9f9e1",
     "0006_pipeline": "fb2f16e2912957b83cdc7b564df403eb811e4ba3671e23d9353fce250a56a855",
     "0007_deliveries": "4f81323bc1754d67a56544609bd64fdd52015ac8a93dc47a9e0d84f41153de05",
+    "0008_grouped_receive": "2c2f2fc88abd77e2baacf95910345f5c4fb106d43e1a4465f758b7dec74930d8",
+    "0009_partitioned_queues": "811fcdfa7a1c97f17c94231e28be6494390b02b5c014bcad8f0085ca97eb5f1a",
+    "0010_topic_fidelity": "fc59e63a98e1de50fcb7536871960eb2dc4b77dfb1822cb10d2d655ecf4498c3",
+    "0011_spool": "3108e5e096b32715aaae1322fb9d42cf1792b6390e9590c5f8f6604fef38514a",
+    "0012_dashboard_history": "88dae6ee1fb9e2c793a3bc035b15766f7d47c3afa3a8ac285dc32ecaba076558",
+}
+LANDED_DIALECTS = {
+    "pgmq/0001_pgmq": "195c507c3cb8ffbf696f0e7ce0eeebae0dc276d992ae16c3adee2627344c276d",
+    "pgque/0001_pgque": "ebbffd71c9a7344814ba3c6685cfe644e4077333b714c7a7f45e0a7384cec1c9",
+    "pgq/0001_pgq": "42481a22ac53578fe8e4d02efc10001f45dc9ff4fb76014a94beab4351d87e6c",
+    "hq/0001_hq": "d61519b3f2b29daff0254c0f1e46e0e7e126f082bd5b52a8ab34b1fca1e4a4cd",
 }
 
 
 def test_landed_migrations_are_unchanged():
     found = {m.label: m.checksum for m in migrate.migrations()}
-    changed = {label for label, checksum in LANDED.items() if found.get(label) != checksum}
+    found.update({m.label: m.checksum for d in migrate.DIALECTS for m in migrate.migrations(d)})
+    changed = {label for label, checksum in {**LANDED, **LANDED_DIALECTS}.items() if found.get(label) != checksum}
     assert not changed, f"landed migrations edited in place (add a new migration instead): {sorted(changed)}"
