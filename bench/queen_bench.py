@@ -102,7 +102,8 @@ async def _loop(clients: int, seconds: float, max_calls: int, one) -> tuple[int,
         nonlocal done, calls
         while time.monotonic() < deadline and calls < max_calls:
             calls += 1
-            done += await one(i)
+            got = await one(i)  # not `done += await ...`: that reads `done` before the await and loses updates
+            done += got
 
     started = time.monotonic()
     await asyncio.gather(*(worker(i) for i in range(clients)))

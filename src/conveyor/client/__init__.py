@@ -7,10 +7,10 @@ handlers per event type, and ``Producer`` / ``append``). See docs/client.md.
 
 from conveyor.client.consumer import BatchResult, Consumer, Context, DeadLetter
 from conveyor.client.producer import Producer, append, append_batch
-from conveyor.client.queues import AsyncClient, Client, HttpTransport, Message, Received, SqlTransport, send_in
+from conveyor.client.queues import AsyncClient, Client, HttpTransport, Leased, Message, Received, SqlTransport, send_in
 from conveyor.client.worker import Worker, WorkerStats
 from conveyor.types import StreamEvent, StreamEventIn
 
-__all__ = ["AsyncClient", "BatchResult", "Client", "Consumer", "Context", "DeadLetter", "HttpTransport", "Message",
+__all__ = ["AsyncClient", "BatchResult", "Client", "Consumer", "Context", "DeadLetter", "HttpTransport", "Leased", "Message",
            "Producer", "Received", "SqlTransport", "StreamEvent", "StreamEventIn", "Worker", "WorkerStats", "append",
            "append_batch", "send_in"]

@@ -24,7 +24,7 @@ import httpx
 import orjson
 
 from conveyor import errors, types
-from conveyor.core import messages
+from conveyor.core import messages, partitioned
 from conveyor.db import execute, pool
 from conveyor.db import sync as db_sync
 
@@ -72,6 +72,48 @@ class Received:
         return orjson.loads(self.body)
 
 
+@dataclass(frozen=True, slots=True)
+class Leased:
+    """A message of a partitioned queue (seed 004's model, docs/queen.md) as a consumer
+    group holds it: under the lease of its pop, which settling names (fencing)."""
+
+    queue: str
+    partition: str
+    partition_id: str
+    transaction_id: str
+    lease_id: str
+    data: Any
+    group: str | None = None
+    retry_count: int = 0
+    created_at: str | None = None
+    traceparent: str | None = None
+
+    @property
+    def receive_count(self) -> int:  # deliveries so far, as for queue messages
+        return self.retry_count + 1
+
+    @property
+    def id(self) -> str:
+        return self.transaction_id
+
+    def json(self) -> Any:
+        return self.data
+
+
+def _leased(m: dict[str, Any], group: str | None) -> Leased:
+    return Leased(queue=m["queue"], partition=m["partition"], partition_id=str(m["partitionId"]),
+                  transaction_id=m["transactionId"], lease_id=str(m.get("leaseId") or ""), data=m.get("data"),
+                  group=group, retry_count=int(m.get("retryCount") or 0), created_at=m.get("createdAt"))
+
+
+def _ack_item(m: Leased, status: str, error: str | None = None) -> dict[str, Any]:
+    item = {"transactionId": m.transaction_id, "partitionId": m.partition_id, "leaseId": m.lease_id,
+            "status": status, "consumerGroup": m.group}
+    if error is not None:
+        item["error"] = error[:1000]
+    return {k: v for k, v in item.items() if v is not None}
+
+
 class Transport(Protocol):
     async def send(self, queue: str, batch: Sequence[types.OutgoingMessage],
                    conn: Connection | None = None) -> list[int]: ...
@@ -83,6 +125,15 @@ class Transport(Protocol):
     async def extend(self, m: Received, seconds: int) -> bool: ...
 
     async def fail(self, m: Received, reason: str) -> bool: ...
+
+    # partitioned queues: Queen's JSON shapes (conveyor.core.partitioned)
+    async def pq_push(self, items: Sequence[dict[str, Any]], conn: Connection | None = None) -> list[dict[str, Any]]: ...
+
+    async def pq_pop(self, request: dict[str, Any], wait: float) -> list[dict[str, Any]]: ...
+
+    async def pq_ack(self, acks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
+
+    async def pq_renew(self, lease_id: str, seconds: int | None) -> bool: ...
 
     async def close(self) -> None: ...
 
@@ -135,6 +186,32 @@ class SqlTransport:
     async def fail(self, m: Received, reason: str) -> bool:
         async with (await self._database()).connection() as conn:
             return await messages.fail(conn, m.queue, m.id, reason, m.receive_count)
+
+    async def pq_push(self, items: Sequence[dict[str, Any]], conn: Connection | None = None) -> list[dict[str, Any]]:
+        if conn is not None:
+            return await partitioned.push(conn, items)
+        async with (await self._database()).connection() as own:
+            return await partitioned.push(own, items)
+
+    async def pq_pop(self, request: dict[str, Any], wait: float) -> list[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            async with (await self._database()).connection() as conn:
+                got = await partitioned.pop(conn, request)
+            if got["messages"] or loop.time() >= deadline:
+                return [{**m, "leaseId": m.get("leaseId") or got.get("leaseId")} for m in got["messages"]]
+            await asyncio.sleep(min(self.poll_interval, max(deadline - loop.time(), 0)))
+
+    async def pq_ack(self, acks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        async with (await self._database()).connection() as conn:
+            return await partitioned.ack(conn, acks)
+
+    async def pq_renew(self, lease_id: str, seconds: int | None) -> bool:
+        lease: dict[str, Any] = {"leaseId": lease_id, **({"seconds": seconds} if seconds else {})}
+        async with (await self._database()).connection() as conn:
+            [answer] = await partitioned.renew(conn, [lease])
+        return bool(answer.get("success"))
 
     async def close(self) -> None:
         if self._opened:
@@ -223,6 +300,42 @@ class HttpTransport:
     async def fail(self, m: Received, reason: str) -> bool:
         return await self._settle("POST", m, "/fail", json={"error": reason[:1000]})
 
+    async def pq_push(self, items: Sequence[dict[str, Any]], conn: Connection | None = None) -> list[dict[str, Any]]:
+        if conn is not None:
+            raise ValueError("a transactional push (conn=) needs the SQL transport")
+        r = await self._call("POST", "/api/v1/push", content=orjson.dumps({"items": list(items)}),
+                             headers={"Content-Type": "application/json"})
+        self._raise(r)
+        answer: list[dict[str, Any]] = r.json()
+        return answer
+
+    async def pq_pop(self, request: dict[str, Any], wait: float) -> list[dict[str, Any]]:
+        path = f"/api/v1/pop/queue/{request['queue']}"
+        if request.get("partition"):
+            path += f"/partition/{request['partition']}"
+        params: dict[str, Any] = {"batch": request.get("batch", 1), "wait": "true" if wait > 0 else "false",
+                                  "timeout": int(min(wait, 30) * 1000)}
+        if request.get("consumerGroup"):
+            params["consumerGroup"] = request["consumerGroup"]
+        r = await self._call("GET", path, params=params, timeout=wait + 10)
+        if r.status_code == 204:
+            return []
+        self._raise(r)
+        body = r.json()
+        return [{**m, "leaseId": m.get("leaseId") or body.get("leaseId")} for m in body["messages"]]
+
+    async def pq_ack(self, acks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        r = await self._call("POST", "/api/v1/ack/batch", content=orjson.dumps({"acknowledgments": list(acks)}),
+                             headers={"Content-Type": "application/json"})
+        self._raise(r)
+        answer: list[dict[str, Any]] = r.json()
+        return answer
+
+    async def pq_renew(self, lease_id: str, seconds: int | None) -> bool:
+        r = await self._call("POST", f"/api/v1/lease/{lease_id}/extend",
+                             json={"seconds": seconds} if seconds else {})
+        return r.status_code == 200
+
     async def close(self) -> None:
         await self._http.aclose()
 
@@ -261,19 +374,68 @@ class AsyncClient:
                       wait: float = 0.0) -> list[Received]:
         return await self.transport.receive(queue, max, vt, wait)
 
-    async def ack(self, m: Received) -> bool:
+    async def ack(self, m: Received | Leased) -> bool:
+        if isinstance(m, Leased):
+            return await self._settle_leased(m, "completed")
         return await self.transport.ack(m)
 
-    async def extend(self, m: Received, seconds: int) -> bool:
+    async def extend(self, m: Received | Leased, seconds: int) -> bool:
+        """Keep the message: its visibility timeout (or its partition's lease) runs
+        ``seconds`` from now."""
+        if isinstance(m, Leased):
+            return await self.transport.pq_renew(m.lease_id, seconds)
         return await self.transport.extend(m, seconds)
 
-    async def release(self, m: Received, delay: int = 0) -> bool:
-        """Give the message back: visible again in ``delay`` seconds."""
+    async def release(self, m: Received | Leased, delay: int = 0) -> bool:
+        """Give the message back: visible again in ``delay`` seconds (a partitioned
+        queue's message at once, its lease released, no failure counted)."""
+        if isinstance(m, Leased):
+            return await self._settle_leased(m, "retry")
         return await self.transport.extend(m, delay)
 
-    async def fail(self, m: Received, reason: str) -> bool:
+    async def retry(self, m: Received | Leased, delay: int, reason: str) -> bool:
+        """The handler failed: try again later (a queue's message after ``delay``; a
+        partitioned queue's by its retry limit, then its dead letters)."""
+        if isinstance(m, Leased):
+            return await self._settle_leased(m, "failed", reason)
+        return await self.transport.extend(m, delay)
+
+    async def fail(self, m: Received | Leased, reason: str) -> bool:
         """To the queue's dead-letter queue, else to its archive as failed."""
+        if isinstance(m, Leased):
+            return await self._settle_leased(m, "dlq", reason)
         return await self.transport.fail(m, reason)
+
+    # -- partitioned queues (Queen's model: docs/queen.md) ---------------------------------
+
+    async def push(self, queue: str, payload: Any, *, partition: str | None = None,
+                   transaction_id: str | None = None, conn: Connection | None = None) -> dict[str, Any]:
+        """Push one message to a partition (created on first use; ``Default`` if none);
+        ``transaction_id`` makes it idempotent. Its answer (``status`` queued, duplicate,
+        or buffered by a server's spool)."""
+        [answer] = await self.push_batch(queue, [payload], partition=partition, conn=conn,
+                                         transaction_ids=[transaction_id] if transaction_id else None)
+        return answer
+
+    async def push_batch(self, queue: str, payloads: Sequence[Any], *, partition: str | None = None,
+                         transaction_ids: Sequence[str] | None = None,
+                         conn: Connection | None = None) -> list[dict[str, Any]]:
+        items = [{"queue": queue, "payload": p, **({"partition": partition} if partition else {}),
+                  **({"transactionId": transaction_ids[i]} if transaction_ids else {})}
+                 for i, p in enumerate(payloads)]
+        return await self.transport.pq_push(items, conn)
+
+    async def pop(self, queue: str, *, partition: str | None = None, group: str | None = None,
+                  batch: int = 1, wait: float = 0.0) -> list[Leased]:
+        """Messages of one partition (any with work when ``partition`` is None) under a
+        lease, for ``group`` (queue mode when None)."""
+        request = {"queue": queue, "batch": batch, **({"partition": partition} if partition else {}),
+                   **({"consumerGroup": group} if group else {})}
+        return [_leased(m, group) for m in await self.transport.pq_pop(request, wait)]
+
+    async def _settle_leased(self, m: Leased, status: str, error: str | None = None) -> bool:
+        [answer] = await self.transport.pq_ack([_ack_item(m, status, error)])
+        return bool(answer.get("success"))
 
     def worker(self, **options: Any) -> Any:
         from conveyor.client.worker import Worker

@@ -39,11 +39,12 @@ from typing import Any
 
 from conveyor import errors, tracing
 from conveyor.client.consumer import DeadLetter  # one exception for stream and queue handlers
-from conveyor.client.queues import AsyncClient, Received
+from conveyor.client.queues import AsyncClient, Leased, Received
 
 log = logging.getLogger("conveyor.client.worker")
 
-QueueHandler = Callable[[Received], Awaitable[Any] | Any]
+Message = Received | Leased
+QueueHandler = Callable[[Message], Awaitable[Any] | Any]
 RECEIVE_BACKOFF_MAX = 10.0
 
 
@@ -72,15 +73,22 @@ class Worker:
         self.shutdown_timeout = shutdown_timeout
         self.wait = wait
         self.handlers: dict[str, QueueHandler] = {}
+        self._groups: dict[str, str | None] = {}  # partitioned queues: their consumer group
         self.stats = WorkerStats()
         self._stopping = asyncio.Event()
         self._free, self._freed = concurrency, asyncio.Event()
 
-    def handler(self, queue: str) -> Callable[[QueueHandler], QueueHandler]:
+    def handler(self, queue: str, *, partitioned: bool = False,
+                group: str | None = None) -> Callable[[QueueHandler], QueueHandler]:
+        """Register the handler of ``queue``: a queue, or with ``partitioned`` a
+        partitioned queue (docs/queen.md) read by consumer ``group`` (queue mode when None):
+        its messages come a partition at a time under a lease, which heartbeats renew."""
         def register(fn: QueueHandler) -> QueueHandler:
             if queue in self.handlers:
                 raise ValueError(f"queue {queue!r} has a handler already")
             self.handlers[queue] = fn
+            if partitioned:
+                self._groups[queue] = group
             return fn
 
         return register
@@ -153,10 +161,12 @@ class Worker:
                 running.add(task)
                 task.add_done_callback(running.discard)
 
-    async def _receive(self, queue: str, qty: int) -> list[Received]:
+    async def _receive(self, queue: str, qty: int) -> list[Any]:
         """A long poll that ends early when the worker is told to stop."""
-        receive = asyncio.create_task(self.client.receive(queue, max=qty, vt=self.visibility_timeout,
-                                                          wait=self.wait))
+        asking: Awaitable[list[Any]] = (
+            self.client.pop(queue, group=self._groups[queue], batch=qty, wait=self.wait) if queue in self._groups
+            else self.client.receive(queue, max=qty, vt=self.visibility_timeout, wait=self.wait))
+        receive = asyncio.ensure_future(asking)
         stopping = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait({receive, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
@@ -169,11 +179,11 @@ class Worker:
                 await self.client.release(message)
         return []
 
-    async def _handle(self, message: Received) -> None:
+    async def _handle(self, message: Message) -> None:
         with tracing.consumer_span(f"process {message.queue}", message.traceparent):  # continues the sender's trace
             await self._work_on(message)
 
-    async def _work_on(self, message: Received) -> None:
+    async def _work_on(self, message: Message) -> None:
         work = asyncio.create_task(_call(self.handlers[message.queue], message))
         lost = asyncio.Event()
         beat = asyncio.create_task(self._heartbeat(message, work, lost))
@@ -198,7 +208,7 @@ class Worker:
                 await self._settle(self.client.fail(message, reason), "fail")
                 self.stats.dead_lettered += 1
             else:
-                await self._settle(self.client.release(message, self._backoff(message.receive_count)), "retry")
+                await self._settle(self.client.retry(message, self._backoff(message.receive_count), reason), "retry")
                 self.stats.retried += 1
         else:
             await self._settle(self.client.ack(message), "ack")
@@ -210,7 +220,7 @@ class Worker:
     def _backoff(self, attempt: int) -> int:
         return int(min(self.max_retry_delay, self.retry_delay * 2 ** max(attempt - 1, 0)))
 
-    async def _heartbeat(self, message: Received, work: asyncio.Task[Any], lost: asyncio.Event) -> None:
+    async def _heartbeat(self, message: Message, work: asyncio.Task[Any], lost: asyncio.Event) -> None:
         """Extend the message's visibility every third of the timeout while ``work`` runs;
         once the delivery is no longer ours, set ``lost`` and cancel ``work``."""
         interval = self.visibility_timeout / 3
@@ -237,7 +247,7 @@ class Worker:
             log.warning("%s failed: %s", what, exc)
 
 
-async def _call(fn: QueueHandler, message: Received) -> Any:
+async def _call(fn: QueueHandler, message: Message) -> Any:
     """An async handler in the worker's loop; a plain function in a thread (so heartbeats
     keep beating while it blocks; a thread cannot be cancelled, so a stop waits for it)."""
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
