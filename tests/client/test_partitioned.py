@@ -80,6 +80,10 @@ async def test_the_worker_holds_a_partition_with_heartbeats_and_retries_failures
             raise ValueError("not yet")
 
     run = asyncio.create_task(worker.run(install_signals=False))
+    for _ in range(100):  # the worker has the long job
+        if ("long", 1) in seen:
+            break
+        await asyncio.sleep(0.05)
     other = []
     for _ in range(6):  # another member of the group looks while the long job runs
         other += [m.data for m in await client.pop(q, group="billing", partition="a")]

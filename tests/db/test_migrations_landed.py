@@ -19,7 +19,7 @@ LANDED = {
     "0006_pipeline": "fb2f16e2912957b83cdc7b564df403eb811e4ba3671e23d9353fce250a56a855",
     "0007_deliveries": "4f81323bc1754d67a56544609bd64fdd52015ac8a93dc47a9e0d84f41153de05",
     "0008_grouped_receive": "2c2f2fc88abd77e2baacf95910345f5c4fb106d43e1a4465f758b7dec74930d8",
-    "0009_partitioned_queues": "811fcdfa7a1c97f17c94231e28be6494390b02b5c014bcad8f0085ca97eb5f1a",
+    "0009_partitioned_queues": "266ae1e3bcb165c5885a90d5b2e5252e9ed78f2bf0d491b8422a283c4f1f42e7",
     "0010_topic_fidelity": "fc59e63a98e1de50fcb7536871960eb2dc4b77dfb1822cb10d2d655ecf4498c3",
     "0011_spool": "3108e5e096b32715aaae1322fb9d42cf1792b6390e9590c5f8f6604fef38514a",
     "0012_dashboard_history": "88dae6ee1fb9e2c793a3bc035b15766f7d47c3afa3a8ac285dc32ecaba076558",

@@ -553,6 +553,7 @@ DECLARE
     taken integer := 0;
     lease_seconds integer;
     scan_xmin xid8;
+    scan_ts timestamptz;
     pushed bigint[];
     skipped boolean := false;
     candidate bigint;
@@ -584,6 +585,7 @@ BEGIN
             CONTINUE;
         END IF;
         scan_xmin := pg_snapshot_xmin(pg_current_snapshot());
+        scan_ts := clock_timestamp();  -- a value, not a volatile call: the lease index can use it
         -- partitions pushed to since the group last found nothing and still holding work
         -- for it, a bounded number at a time: if the bound is reached, only those are
         -- known to be looked at (the ones the group consumed meanwhile are passed over, so
@@ -591,8 +593,11 @@ BEGIN
         SELECT array_agg(p.id), CASE WHEN count(*) >= 1000 THEN max(p.head_xid) ELSE scan_xmin END
           INTO pushed, scan_xmin
           FROM (SELECT p.id, p.head_xid FROM conveyor.partitions p
-                  LEFT JOIN conveyor.partition_cursors x ON x.partition_id = p.id AND x.consumer_group = group_name
-                 WHERE p.queue_id = q.id AND p.head_xid >= g.scanned_xid AND p.head > coalesce(x.cursor, 0)
+                 WHERE p.queue_id = q.id AND p.head_xid >= g.scanned_xid
+                   -- a lookup per partition of the range (not a join the planner could turn
+                   -- into a scan of every cursor of every group)
+                   AND p.head > coalesce((SELECT x.cursor FROM conveyor.partition_cursors x
+                                           WHERE x.partition_id = p.id AND x.consumer_group = group_name), 0)
                  ORDER BY p.head_xid LIMIT 1000) p;
         FOR candidate IN
             SELECT c.id FROM (
@@ -603,12 +608,12 @@ BEGIN
                 UNION
                 (SELECT p.id, p.head_at FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id
                   WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.lease_id IS NOT NULL
-                    AND x.lease_expires_at <= clock_timestamp() LIMIT 1000)
+                    AND x.lease_expires_at <= scan_ts LIMIT 1000)
             ) c
             LEFT JOIN conveyor.partition_cursors x ON x.partition_id = c.id AND x.consumer_group = group_name
             JOIN conveyor.partitions p ON p.id = c.id
              WHERE p.head > coalesce(x.cursor, 0)
-               AND (x.lease_id IS NULL OR x.lease_expires_at <= clock_timestamp())
+               AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts)
              ORDER BY c.head_at NULLS LAST, c.id
         LOOP
             EXIT WHEN taken >= max_parts OR jsonb_array_length(got) >= batch;
