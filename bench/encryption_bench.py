@@ -28,12 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psycopg
-from psycopg import conninfo
 
 sys.path.insert(0, str(Path(__file__).parent))
+import sqs_bench as shared_db
 from conveyor import crypto
-from conveyor.db import migrate, pool
 from queen_bench import _loop
 from rawhttp import RawHttp
 from sqs_bench import Child, free_port
@@ -46,22 +44,11 @@ SQS = {"Authorization": "bench", "Content-Type": "application/x-amz-json-1.0",
 
 
 def create_database() -> str:
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{DATABASE}"')
-    dsn = conninfo.make_conninfo(ADMIN_DSN, dbname=DATABASE)
-
-    async def apply() -> None:
-        async with pool.connect(dsn) as conn:
-            await migrate.migrate(conn)
-
-    asyncio.run(apply())
-    return dsn
+    return shared_db.create_database(DATABASE, migrated=True)
 
 
 def drop_database() -> None:
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+    shared_db.drop_database(DATABASE)
 
 
 async def rest_send(http: RawHttp, queue: str, body: bytes, args: argparse.Namespace) -> float:

@@ -49,7 +49,7 @@ import psycopg
 from psycopg import conninfo
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conveyor.db import migrate
+import sqs_bench as shared_db
 from rawhttp import RawHttp
 from sqs_bench import Child, free_port
 
@@ -61,24 +61,11 @@ BODY = {"order": 12345, "customer": "c-42", "items": [1, 2, 3], "note": "x" * 40
 
 
 def create_database() -> str:
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{DATABASE}"')
-    dsn = conninfo.make_conninfo(ADMIN_DSN, dbname=DATABASE)
-
-    async def apply() -> None:
-        from conveyor.db import pool
-
-        async with pool.connect(dsn) as conn:
-            await migrate.migrate(conn)
-
-    asyncio.run(apply())
-    return dsn
+    return shared_db.create_database(DATABASE, migrated=True)
 
 
 def drop_database() -> None:
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+    shared_db.drop_database(DATABASE)
 
 
 def start_server(dsn: str, workers: int, concurrency: str = "static") -> Child:

@@ -292,16 +292,25 @@ RAW_DELETE = "DELETE FROM bench_sqs_raw WHERE id = ANY(%s)"
 RAW_PRELOAD = "INSERT INTO bench_sqs_raw (body) SELECT %s FROM generate_series(1, %s)"
 
 
-def create_database() -> str:
+def create_database(name: str = DATABASE, *, migrated: bool = False) -> str:
+    """A fresh database ``name`` on ADMIN_DSN (dropped first if left over), with
+    Conveyor's schema if ``migrated``; its DSN. The other benches use it too."""
     with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{DATABASE}"')
-    return conninfo.make_conninfo(ADMIN_DSN, dbname=DATABASE)
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    dsn = conninfo.make_conninfo(ADMIN_DSN, dbname=name)
+    if migrated:
+        async def apply() -> None:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await migrate.migrate(conn)
+
+        asyncio.run(apply())
+    return dsn
 
 
-def drop_database() -> None:
+def drop_database(name: str = DATABASE) -> None:
     with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def prepare_database(dsn: str) -> None:
