@@ -31,21 +31,19 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import random
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor import errors, tracing
-from conveyor.client.consumer import DeadLetter  # one exception for stream and queue handlers
+from conveyor.client.consumer import DeadLetter, _Backoff  # one exception and one backoff for both clients
 from conveyor.client.queues import AsyncClient, Leased, Received
 
 log = logging.getLogger("conveyor.client.worker")
 
 Message = Received | Leased
 QueueHandler = Callable[[Message], Awaitable[Any] | Any]
-RECEIVE_BACKOFF_MAX = 10.0
 
 
 @dataclass
@@ -139,7 +137,7 @@ class Worker:
         self._freed.set()
 
     async def _receive_loop(self, queue: str, running: set[asyncio.Task[None]]) -> None:
-        failures = 0
+        backoff = _Backoff()  # the stream consumer's reconnect backoff: 0.2 s doubling to 10 s, jittered
         while not self._stopping.is_set():
             free = await self._take_slots()
             if self._stopping.is_set():
@@ -147,11 +145,10 @@ class Worker:
                 return
             try:
                 got = await self._receive(queue, free)
-                failures = 0
+                backoff.reset()
             except (errors.Unavailable, errors.Throttled) as exc:
                 got = []
-                failures += 1
-                delay = min(RECEIVE_BACKOFF_MAX, 0.2 * 2 ** failures) * random.uniform(0.5, 1.0)
+                delay = backoff.next()
                 log.warning("receiving from %s failed (%s); again in %.1f s", queue, exc, delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), delay)
