@@ -171,9 +171,10 @@ class StreamEventIn:
     extra2: str | None = None
     extra3: str | None = None
     extra4: str | None = None
+    traceparent: str | None = None  # the W3C trace it is appended under (conveyor.tracing)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k in ("type", "payload", "extra1", "extra2", "extra3", "extra4")
+        return {k: v for k in ("type", "payload", "extra1", "extra2", "extra3", "extra4", "traceparent")
                 if (v := getattr(self, k)) is not None}
 
 
@@ -191,6 +192,7 @@ class StreamEvent:
     extra2: str | None = None
     extra3: str | None = None
     extra4: str | None = None
+    traceparent: str | None = None  # its producer's trace, for the consumer to continue
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +211,7 @@ class StreamDeadLetter:
     ev_extra2: str | None = None
     ev_extra3: str | None = None
     ev_extra4: str | None = None
+    ev_traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,13 +25,24 @@ PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 
 
 @pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
+def traced() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    """Tracing on, every finished span kept in memory."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.install(provider)
-    yield exporter
+    yield provider, exporter
     tracing.install(None)
+
+
+@pytest.fixture
+def spans(traced) -> InMemorySpanExporter:
+    return traced[1]
+
+
+@pytest.fixture
+def provider(traced) -> TracerProvider:
+    return traced[0]
 
 
 @pytest.fixture
@@ -146,3 +157,61 @@ async def test_a_worker_continues_the_senders_trace(dsn, spans):
         await client.close()
     [consumer] = [s for s in spans.get_finished_spans() if s.kind == trace.SpanKind.CONSUMER]
     assert format(consumer.context.trace_id, "032x") == TRACE_ID and handled == [consumer.context.trace_id]
+
+
+def test_stream_events_carry_the_trace_they_were_appended_under(client, spans, provider):
+    """A stream event keeps the traceparent of the request that appended it (migration
+    0013) and hands it to its consumers; an untraced append stores none."""
+    client.post("/v1/streams", json={"name": "traced-stream", "ticker_max_lag": 0})
+    client.post("/v1/streams/traced-stream/consumers", json={"name": "c"})
+    spans.clear()
+    sent = client.post("/v1/streams/traced-stream/events", json={"payload": {"n": 1}}, headers={"traceparent": PARENT})
+    assert sent.status_code == 201
+    [span] = _server_spans(spans)
+    assert span.name == "POST /v1/streams/{name}/events" and format(span.context.trace_id, "032x") == TRACE_ID
+    tracing.install(None)  # the next append comes from an untraced server
+    try:
+        client.post("/v1/streams/traced-stream/events", json={"payload": "plain"}, headers={"traceparent": PARENT})
+    finally:
+        tracing.install(provider)
+    got = client.get("/v1/streams/traced-stream/consumers/c/batch", params={"wait": 5}).json()["events"]
+    while len(got) < 2:
+        got += client.get("/v1/streams/traced-stream/consumers/c/batch", params={"wait": 5}).json()["events"]
+    first, second = got
+    carried = trace.get_current_span(tracing.context_of(first["traceparent"])).get_span_context()
+    assert format(carried.trace_id, "032x") == TRACE_ID and carried.span_id == span.context.span_id
+    assert "traceparent" not in second
+
+
+async def test_a_stream_consumer_continues_the_producers_trace(dsn, spans, provider):
+    """The Python client's producer stamps the caller's current span on the events it
+    appends; its Consumer runs each handler in a CONSUMER span under that trace."""
+    from conveyor.client import Consumer, Producer
+    from conveyor.core import streams
+    from conveyor.db import pool
+
+    async with pool.connect(dsn) as conn:
+        await streams.create(conn, "traced-events")
+        await streams.subscribe(conn, "traced-events", "worker")
+    tracer = provider.get_tracer("test")
+    async with Producer(dsn) as producer:
+        with tracer.start_as_current_span("checkout") as sending:
+            await producer.append("traced-events", {"order": 1})
+        await producer.append("traced-events", {"order": 2})  # no span: no trace
+    async with pool.connect(dsn) as conn:
+        await streams.force_tick(conn, "traced-events")
+    consumer = Consumer(dsn, "traced-events", "worker")
+    handled = []
+
+    @consumer.handler("default")
+    def handle(event, ctx) -> None:  # a sync handler runs in a thread: the span goes with it
+        handled.append((event.payload, trace.get_current_span().get_span_context().trace_id))
+
+    await consumer.process_batch()
+    consumers = [s for s in spans.get_finished_spans() if s.kind == trace.SpanKind.CONSUMER]
+    assert [s.name for s in consumers] == ["process traced-events"] * 2
+    first, second = consumers
+    assert first.context.trace_id == sending.get_span_context().trace_id
+    assert first.parent.span_id == sending.get_span_context().span_id
+    assert second.parent is None and second.context.trace_id != first.context.trace_id
+    assert handled == [('{"order":1}', first.context.trace_id), ('{"order":2}', second.context.trace_id)]

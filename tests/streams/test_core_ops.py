@@ -1057,6 +1057,59 @@ async def test_replay_all_and_purge_dead_letters(conn):
         await streams.replay_dead_letters(conn, "nope")
 
 
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def test_the_trace_stays_with_an_event_through_retries_dead_letters_replays_and_delays(conn):
+    """Migration 0013: the traceparent an event is appended with reaches every consumer,
+    and every place the engine moves the event to keeps it."""
+    await streams.create(conn, S, {"max_retries": 1})
+    await streams.subscribe(conn, S, "c")
+    [traced, plain] = await streams.append(conn, S, [types.StreamEventIn(payload="t", traceparent=TRACE),
+                                                     types.StreamEventIn(payload="p")])
+    await streams.force_tick(conn, S)
+    first = await streams.receive(conn, S, "c")
+    assert [(e.id, e.traceparent) for e in first] == [(traced, TRACE), (plain, None)]
+    batch = first[0].batch_id
+    assert await streams.nack(conn, batch, traced, dt.timedelta(0)) == "retry"
+    await streams.ack(conn, batch)
+    await streams.maint(conn)
+    await streams.force_tick(conn, S)
+    [retried] = await streams.receive(conn, S, "c")
+    assert (retried.id, retried.retry_count, retried.traceparent) == (traced, 1, TRACE)
+    assert await streams.nack(conn, retried.batch_id, traced, dt.timedelta(0), "still bad") == "dead"
+    await streams.ack(conn, retried.batch_id)
+    [dead] = await streams.dead_letters(conn, S)
+    assert (dead.ev_id, dead.ev_traceparent) == (traced, TRACE)
+
+    replayed = await streams.replay_dead_letter(conn, dead.id, S)
+    entry = await streams.append_at(conn, S, types.StreamEventIn(payload="later", traceparent=TRACE),
+                                    dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    now_id = await streams.append_at(conn, S, types.StreamEventIn(payload="now", traceparent=TRACE),
+                                     dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1))
+    await sql(conn, "UPDATE conveyor.stream_delayed SET deliver_at = now() - interval '1 second' WHERE id = %s", entry)
+    assert (S, "delayed", 1) in await streams.maint(conn)
+    await streams.force_tick(conn, S)
+    got = await drain(conn, S, "c")
+    assert [(e.payload, e.traceparent) for e in got] == [("t", TRACE), ("now", TRACE), ("later", TRACE)]
+    assert got[0].id == replayed and got[1].id == now_id
+
+    await streams.append(conn, S, [types.StreamEventIn(payload="again", traceparent=TRACE)])
+    await streams.force_tick(conn, S)
+    [again] = await streams.receive(conn, S, "c")
+    assert await streams.batch_retry(conn, again.batch_id, 0) == 1
+    await streams.ack(conn, again.batch_id)
+    await streams.maint(conn)
+    await streams.force_tick(conn, S)
+    [back] = await streams.receive(conn, S, "c")
+    assert (back.payload, back.traceparent) == ("again", TRACE)
+    await streams.dead_letter(conn, back.batch_id, back.id)
+    await streams.ack(conn, back.batch_id)
+    assert await streams.replay_dead_letters(conn, S) == 1
+    await streams.force_tick(conn, S)
+    assert [(e.payload, e.traceparent) for e in await drain(conn, S, "c")] == [("again", TRACE)]
+
+
 async def test_bad_append_and_receive_arguments(conn):
     await streams.create(conn, S)
     await streams.subscribe(conn, S, "c")

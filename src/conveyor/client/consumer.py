@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from conveyor import errors
+from conveyor import errors, tracing
 from conveyor.core import streams
 from conveyor.db import execute, listen, pool
 from conveyor.types import StreamEvent
@@ -347,12 +347,13 @@ class Consumer:
 
     @staticmethod
     async def _call(fn: Handler, event: StreamEvent, ctx: Context) -> None:
-        if _is_async(fn):
-            await fn(event, ctx)
-            return
-        result = await asyncio.to_thread(fn, event, ctx)  # keeps the loop (LISTEN, signals) alive
-        if inspect.isawaitable(result):
-            await result
+        with tracing.consumer_span(f"process {ctx.stream}", event.traceparent):  # continues the producer's trace
+            if _is_async(fn):
+                await fn(event, ctx)
+                return
+            result = await asyncio.to_thread(fn, event, ctx)  # keeps the loop (LISTEN, signals) alive; copies the span
+            if inspect.isawaitable(result):
+                await result
 
     @staticmethod
     def _check_transaction(conn: Connection, event: StreamEvent, exc: Exception, transactional: bool) -> None:

@@ -4,11 +4,13 @@ with the caller's own writes), and ``Producer``, which keeps a small pool of its
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
 import orjson
 
+from conveyor import tracing
 from conveyor.core import streams
 from conveyor.db import execute, pool
 from conveyor.types import StreamEventIn
@@ -22,11 +24,16 @@ def _payload(payload: Any) -> str:
 
 
 def _event(payload: Any, type: str, extras: dict[str, str | None]) -> StreamEventIn:
-    return StreamEventIn(payload=_payload(payload), type=type, **extras)
+    return StreamEventIn(payload=_payload(payload), type=type, traceparent=tracing.current_traceparent(), **extras)
 
 
 def _events(events: Iterable[StreamEventIn | Any], type: str) -> list[StreamEventIn]:
-    return [e if isinstance(e, StreamEventIn) else StreamEventIn(payload=_payload(e), type=type) for e in events]
+    """Events as given, carrying the caller's current trace (conveyor.tracing) unless they
+    name one of their own."""
+    trace = tracing.current_traceparent()
+    return [(e if e.traceparent or not trace else dataclasses.replace(e, traceparent=trace))
+            if isinstance(e, StreamEventIn) else StreamEventIn(payload=_payload(e), type=type, traceparent=trace)
+            for e in events]
 
 
 async def append(conn: Connection, stream: str, payload: Any, *, type: str = "default",

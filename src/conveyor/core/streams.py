@@ -49,7 +49,8 @@ async def append_at(conn: Connection, name: str, event: types.StreamEventIn, del
     """Deliver later; the id of the scheduled entry (or of the event, if due now)."""
     return int(await db.fetch_value(conn, "stream_send_at", {
         "name": name, "payload": event.payload, "deliver_at": deliver_at, "type": event.type,
-        "extra1": event.extra1, "extra2": event.extra2, "extra3": event.extra3, "extra4": event.extra4}))
+        "extra1": event.extra1, "extra2": event.extra2, "extra3": event.extra3, "extra4": event.extra4,
+        "traceparent": event.traceparent}))
 
 
 async def subscribe(conn: Connection, name: str, consumer: str) -> bool:

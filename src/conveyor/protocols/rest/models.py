@@ -324,6 +324,8 @@ class Event(BaseModel):
     extra2: str | None
     extra3: str | None
     extra4: str | None
+    traceparent: str | None = Field(None, description="the W3C trace context the event was appended under "
+                                                      "(present when the producer was traced)")
 
 
 class ReceivedBatch(BaseModel):

@@ -17,7 +17,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from conveyor import errors, types
+from conveyor import errors, tracing, types
 from conveyor.core import streams
 from conveyor.protocols.rest import models, render
 from conveyor.protocols.rest import request as req
@@ -67,7 +67,7 @@ def _event(e: types.StreamEvent) -> dict[str, Any]:
     return {
         "id": e.id, "type": e.type, "payload": e.payload, "retry_count": e.retry_count,
         "created_at": e.created_at, "extra1": e.extra1, "extra2": e.extra2, "extra3": e.extra3,
-        "extra4": e.extra4,
+        "extra4": e.extra4, **({"traceparent": e.traceparent} if e.traceparent else {}),
     }
 
 
@@ -76,7 +76,8 @@ def _dead_letter(d: types.StreamDeadLetter) -> dict[str, Any]:
         "id": d.id, "consumer": d.consumer, "dead_at": d.dead_at, "reason": d.reason,
         "event": {"id": d.ev_id, "type": d.ev_type, "payload": d.ev_data, "retry_count": d.ev_retry,
                   "created_at": d.ev_time, "extra1": d.ev_extra1, "extra2": d.ev_extra2,
-                  "extra3": d.ev_extra3, "extra4": d.ev_extra4},
+                  "extra3": d.ev_extra3, "extra4": d.ev_extra4,
+                  **({"traceparent": d.ev_traceparent} if d.ev_traceparent else {})},
     }
 
 
@@ -179,7 +180,8 @@ async def stream_stats(request: Request) -> Response:
 def _event_in(e: models.EventIn) -> types.StreamEventIn:
     payload = e.payload if isinstance(e.payload, str) else orjson.dumps(e.payload).decode()
     return types.StreamEventIn(payload=payload, type=e.type, extra1=e.extra1, extra2=e.extra2,
-                               extra3=e.extra3, extra4=e.extra4)
+                               extra3=e.extra3, extra4=e.extra4,
+                               traceparent=tracing.current_traceparent())  # the request's trace, when traced
 
 
 async def append_events(request: Request) -> Response:

@@ -20,7 +20,8 @@ SELECT conveyor.stream_send_json(%(name)s::text, %(events)s::jsonb)
 
 -- name: stream_send_at
 SELECT conveyor.stream_send_at(%(name)s::text, %(payload)s::text, %(deliver_at)s::timestamptz, %(type)s::text,
-                               %(extra1)s::text, %(extra2)s::text, %(extra3)s::text, %(extra4)s::text)
+                               %(extra1)s::text, %(extra2)s::text, %(extra3)s::text, %(extra4)s::text,
+                               %(traceparent)s::text)
 
 -- name: stream_subscribe
 SELECT conveyor.stream_subscribe(%(name)s::text, %(consumer)s::text)
