@@ -825,9 +825,9 @@ async def test_health_reports_each_check_as_ok_warning_or_critical(conn):
         await streams.create(conn, name)
         await streams.subscribe(conn, name, "w")
     await streams.configure(conn, "paused", {"ticker_paused": True})
-    # lagging: the consumer's position 90 minutes old (> rotation_period / 2 of 2 hours)
-    await sql(conn, "UPDATE conveyor.stream_ticks SET tick_time = now() - interval '90 minutes' WHERE tick_id = %s",
-              await last_tick(conn, "lagging"))
+    # lagging: the consumer's position 90 minutes old (> rotation_period / 2 of 2 hours),
+    # aged below with "late"
+    position = await last_tick(conn, "lagging")
     await streams.force_tick(conn, "lagging")
     # overdue: the last rotation 5 hours ago (> 2 × rotation_period)
     await sql(conn, "UPDATE conveyor.streams SET switch_time = now() - interval '5 hours' WHERE name = 'overdue'")
@@ -841,10 +841,13 @@ async def test_health_reports_each_check_as_ok_warning_or_critical(conn):
         await streams.ack(conn, batch)
     await sql(conn, "UPDATE conveyor.stream_dead_letters SET dead_at = dead_at - interval '2 hours' "
                     "WHERE id = (SELECT min(id) FROM conveyor.stream_dead_letters)")
-    # late: no tick for 10 minutes (> 2 × ticker_idle_period + 30 s); set last, from now(),
-    # so the time the steps above take does not show in the reported age
+    # late: no tick for 10 minutes (> 2 × ticker_idle_period + 30 s); set last (with the
+    # lagging position), from now(), so the time the steps above take does not show in the
+    # reported ages
     await sql(conn, "UPDATE conveyor.stream_ticks SET tick_time = now() - interval '10 minutes' "
                     "WHERE stream_id = (SELECT id FROM conveyor.streams WHERE name = 'late')")
+    await sql(conn, "UPDATE conveyor.stream_ticks SET tick_time = now() - interval '90 minutes' WHERE tick_id = %s",
+              position)
 
     health = {(s, check): (status, detail) for s, check, status, detail in await streams.health(conn)}
     status = {key: st for key, (st, _) in health.items()}
