@@ -183,6 +183,6 @@ def read(options: Options, part: Slice) -> Iterator[pa.RecordBatch]:
         else:
             batches = sync.fetch_batches(conn, part.query, part.params)
         for chunk in batches:
-            if options.partitioned_queue is not None:
-                chunk = rows.opened(options.fields, chunk, options.encryption_keys)
-            yield rows.to_batch(options.fields, part.name, chunk)
+            got = chunk if options.partitioned_queue is None else rows.opened(options.fields, chunk,
+                                                                               options.encryption_keys)
+            yield rows.to_batch(options.fields, part.name, got)
