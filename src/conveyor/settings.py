@@ -133,6 +133,12 @@ def _inline_or_file(value: str) -> str:
         raise ValueError(f"cannot read {value[1:]}: {exc.strerror}") from None
 
 
+def encryption_keys(value: str) -> tuple[tuple[str, bytes], ...]:
+    """CONVEYOR_ENCRYPTION_KEY as the server reads it: the keys inline, or ``@/path`` to a
+    file holding them (also what the Spark data source ships to its executors)."""
+    return parse_keys(_inline_or_file(value))
+
+
 def parse_tokens(spec: str) -> dict[str, str]:
     """``"tok1:admin,tok2:read"`` -> {token: role}."""
     tokens: dict[str, str] = {}
@@ -323,7 +329,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "auth_tokens": ("CONVEYOR_AUTH_TOKENS", parse_tokens),
     "jwt_secret": ("CONVEYOR_JWT_SECRET", str),
     "jwt_public_key": ("CONVEYOR_JWT_PUBLIC_KEY", read_key),
-    "encryption_keys": ("CONVEYOR_ENCRYPTION_KEY", lambda v: parse_keys(_inline_or_file(v))),
+    "encryption_keys": ("CONVEYOR_ENCRYPTION_KEY", encryption_keys),
     "spool_dir": ("CONVEYOR_SPOOL_DIR", Path),
     "spool_max_bytes": ("CONVEYOR_SPOOL_MAX_BYTES", int),
     "spool_sqs": ("CONVEYOR_SPOOL_SQS", _bool),

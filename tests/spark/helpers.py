@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -24,3 +25,11 @@ def append(dsn: str, stream: str, payloads: list[str], type_: str = "default") -
 
 def tick(dsn: str, stream: str) -> int:
     return int(value(dsn, "SELECT conveyor.stream_force_tick(%s)", stream))
+
+
+def push(dsn: str, queue: str, partition: str, payloads: list[Any], **fields: Any) -> list[int]:
+    """Pushes to a partitioned queue (created with its partition if need be); the positions
+    (seq) the messages got."""
+    items = [{"queue": queue, "partition": partition, "payload": p, **fields} for p in payloads]
+    answers = value(dsn, "SELECT conveyor.pqueue_push(%s::jsonb)", json.dumps(items))
+    return [a["seq"] for a in answers]

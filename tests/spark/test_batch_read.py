@@ -94,7 +94,7 @@ def test_stream_reads_events_by_tick_range_and_dead_letters(spark, dsn):
 @pytest.mark.parametrize(("options", "message"), [
     ({"queue": "missing"}, "queue 'missing' does not exist"),
     ({"stream": "missing"}, "stream 'missing' does not exist"),
-    ({"queue": "q", "stream": "s"}, "exactly one of the options queue and stream"),
+    ({"queue": "q", "stream": "s"}, "exactly one of the options queue, stream and partitionedQueue"),
     ({"queue": "q", "kind": "events"}, "option kind must be one of messages, archive, dead_letters"),
     ({"queue": "q", "numPartitions": "many"}, "option numPartitions must be an integer"),
     ({"queue": "q", "colour": "red"}, "unknown option 'colour'"),

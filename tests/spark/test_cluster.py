@@ -19,9 +19,10 @@ import pyspark
 import pytest
 from deltalake import DeltaTable
 
+from conveyor import crypto
 from conveyor.pipeline import archive
 from conveyor.pipeline import report as reports
-from spark.helpers import append, sql, tick
+from spark.helpers import append, push, sql, tick
 
 SPARK_HOME = Path(pyspark.__file__).parent
 CLASS = str(SPARK_HOME / "bin" / "spark-class")
@@ -179,3 +180,60 @@ def test_batch_and_streaming_reads_on_the_cluster_match_local_mode(cluster, spar
     local = {"batch": sorted(r["body"] for r in batch.select("body").collect()), "stream": sorted(seen)}
     assert on_cluster == local
     assert len(local["batch"]) == 200 and len(local["stream"]) == 150
+
+
+PARTITIONED_READS = textwrap.dedent("""
+    import json, sys
+    from conveyor.pipeline import session
+    dsn, master, checkpoint = sys.argv[1:4]
+    spark = session.build(master, dict(c.split("=", 1) for c in sys.argv[4:]))
+    def load(reader, queue):
+        return reader.format("conveyor").option("dsn", dsn).option("partitionedQueue", queue)
+    keys = lambda rows: sorted([r["partition"], r["seq"], r["payload"]] for r in rows)
+    got = {"batch": keys(load(spark.read, "pq").option("numPartitions", "3").load().collect()),
+           "sealed": sorted(json.loads(r["payload"])["n"] for r in load(spark.read, "sealed").load().collect())}
+    seen = []
+    query = (load(spark.readStream, "pq").option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100")
+             .load().writeStream.option("checkpointLocation", checkpoint)
+             .foreachBatch(lambda df, _: seen.extend(keys(df.collect())))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    got["stream"] = sorted(seen)
+    print(json.dumps(got))
+    spark.stop()
+""")
+
+
+def test_partitioned_queue_reads_on_the_cluster_match_local_mode(cluster, spark, dsn, tmp_path):
+    """Batch and streaming reads of a partitioned queue on the workers equal local mode's;
+    and sealed payloads are opened on the workers with the key only the driver has (the
+    workers' environment has none)."""
+    for n, partition in enumerate(("eu", "us", "customer:7", "customer:8")):
+        push(dsn, "pq", partition, [{"n": i, "p": partition} for i in range(40 * (n + 1))])
+    key = crypto.Keyring.generate("cluster-key")
+    keyring = crypto.Keyring.parse(key)
+    push(dsn, "sealed", "s", [keyring.seal_text(json.dumps({"n": i})) for i in range(30)], encrypted=True)
+    conf = [c for c in CONF if c != "--conf"]
+    env = {**_env(tmp_path), "CONVEYOR_ENCRYPTION_KEY": key}
+    proc = subprocess.run([sys.executable, "-c", PARTITIONED_READS, dsn, cluster, str(tmp_path / "cluster-checkpoint"),
+                           *conf], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    on_cluster = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert on_cluster.pop("sealed") == list(range(30))
+    # the same reads in local mode (this process's session)
+
+    def load(reader):
+        return reader.format("conveyor").option("dsn", dsn).option("partitionedQueue", "pq")
+
+    def keys(rows):
+        return sorted([r["partition"], r["seq"], r["payload"]] for r in rows)
+
+    seen: list[list] = []
+    query = (load(spark.readStream).option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100").load()
+             .writeStream.option("checkpointLocation", str(tmp_path / "local-checkpoint"))
+             .foreachBatch(lambda df, _: seen.extend(keys(df.collect())))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    local = {"batch": keys(load(spark.read).option("numPartitions", "3").load().collect()), "stream": sorted(seen)}
+    assert on_cluster == local
+    assert len(local["batch"]) == 40 + 80 + 120 + 160

@@ -2,26 +2,36 @@
 
 Spark hands options over as strings, case-insensitively. ``Options`` is what readers and
 writers carry to the executors (it is pickled with them), so the DSN is resolved here,
-on the driver: from the ``dsn`` option, else ``DATABASE_URL``.
+on the driver: from the ``dsn`` option, else ``DATABASE_URL``. So are, for a partitioned
+queue, the encryption keys that open sealed payloads (``CONVEYOR_ENCRYPTION_KEY``, as the
+server reads it): the executors need no configuration of their own, and the keys stay out
+of Spark's settings, plans and UI.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from conveyor import errors
-from conveyor.spark import schemas
+from conveyor import errors, settings
+from conveyor.spark import offsets, schemas
 
 QUEUE_KINDS = ("messages", "archive", "dead_letters")
 STREAM_KINDS = ("events", "dead_letters")
+PARTITIONED_KINDS = ("messages",)
 DEFAULT_PARTITIONS = 4
 DEFAULT_BATCH_SIZE = 10_000
 
-_KNOWN = {"dsn", "queue", "stream", "kind", "numpartitions", "fromtick", "totick", "consumer",
-          "startingposition", "maxeventspertrigger", "tick", "batchsize", "commitkey", "path",
-          "checkpointlocation", "queryname"}
+_KNOWN = {"dsn", "queue", "stream", "partitionedqueue", "kind", "numpartitions", "fromtick", "totick", "consumer",
+          "startingposition", "maxeventspertrigger", "tick", "startingoffsets", "endingoffsets",
+          "maxoffsetspertrigger", "batchsize", "commitkey", "path", "checkpointlocation", "queryname"}
+# options of one kind of target only, by their names as documented
+_PARTITIONED_ONLY = {"startingoffsets": "startingOffsets", "endingoffsets": "endingOffsets",
+                     "maxoffsetspertrigger": "maxOffsetsPerTrigger"}
+_NOT_PARTITIONED = {"fromtick": "fromTick", "totick": "toTick", "consumer": "consumer",
+                    "startingposition": "startingPosition", "maxeventspertrigger": "maxEventsPerTrigger",
+                    "tick": "tick", "batchsize": "batchSize", "commitkey": "commitKey"}
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class Options:
     dsn: str
     queue: str | None = None
     stream: str | None = None
+    partitioned_queue: str | None = None
     kind: str = "messages"
     partitions: int = DEFAULT_PARTITIONS
     from_tick: int | None = None
@@ -39,14 +50,20 @@ class Options:
     tick: bool = False
     batch_size: int = DEFAULT_BATCH_SIZE
     commit_key: str | None = None
+    starting_offsets: offsets.Spec | None = None
+    ending_offsets: offsets.Spec | None = None
+    max_offsets: int | None = None
+    encryption_keys: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
 
     @property
     def target(self) -> str:
-        """The queue or stream named."""
-        return self.queue if self.queue is not None else str(self.stream)
+        """The queue, stream or partitioned queue named."""
+        return next(t for t in (self.queue, self.stream, self.partitioned_queue) if t is not None)
 
     @property
     def fields(self) -> tuple[schemas.Field, ...]:
+        if self.partitioned_queue is not None:
+            return schemas.PARTITIONED_MESSAGES
         if self.stream is not None:
             return schemas.STREAM_DEAD_LETTERS if self.kind == "dead_letters" else schemas.STREAM_EVENTS
         return {"messages": schemas.QUEUE_MESSAGES, "archive": schemas.QUEUE_ARCHIVE,
@@ -83,9 +100,14 @@ def parse(options: Mapping[str, str], environ: Mapping[str, str] | None = None) 
     dsn = raw.get("dsn") or env.get("DATABASE_URL")
     if not dsn:
         raise errors.InvalidInput("option dsn (or DATABASE_URL) is required: the PostgreSQL to use")
-    queue, stream = raw.get("queue"), raw.get("stream")
-    if (queue is None) == (stream is None):
-        raise errors.InvalidInput("give exactly one of the options queue and stream")
+    queue, stream, partitioned = raw.get("queue"), raw.get("stream"), raw.get("partitionedqueue")
+    if [queue, stream, partitioned].count(None) != 2:
+        raise errors.InvalidInput("give exactly one of the options queue, stream and partitionedQueue")
+    if partitioned is not None:
+        return _partitioned(raw, dsn, partitioned, env)
+    wrong = sorted(set(raw) & set(_PARTITIONED_ONLY))
+    if wrong:
+        raise errors.InvalidInput(f"option {_PARTITIONED_ONLY[wrong[0]]} is for partitioned queues (partitionedQueue)")
     kinds = STREAM_KINDS if stream is not None else QUEUE_KINDS
     kind = raw.get("kind", kinds[0])
     if kind not in kinds:
@@ -104,3 +126,36 @@ def parse(options: Mapping[str, str], environ: Mapping[str, str] | None = None) 
         batch_size=_int(raw, "batchsize", 1, "batchSize") or DEFAULT_BATCH_SIZE,
         commit_key=raw.get("commitkey") or raw.get("checkpointlocation") or None,
     )
+
+
+def _partitioned(raw: Mapping[str, str], dsn: str, name: str, env: Mapping[str, str]) -> Options:
+    wrong = sorted(set(raw) & set(_NOT_PARTITIONED))
+    if wrong:
+        raise errors.InvalidInput(f"option {_NOT_PARTITIONED[wrong[0]]} is not one of a partitioned queue's "
+                                  "(those are startingOffsets, endingOffsets, maxOffsetsPerTrigger)")
+    kind = raw.get("kind", PARTITIONED_KINDS[0])
+    if kind not in PARTITIONED_KINDS:
+        raise errors.InvalidInput(f"option kind must be one of {', '.join(PARTITIONED_KINDS)} for a partitioned "
+                                  f"queue, got {kind!r}")
+    # checked for the widest use here (a streaming start may be latest); readers narrow it
+    start, end = raw.get("startingoffsets"), raw.get("endingoffsets")
+    return Options(
+        dsn=dsn, partitioned_queue=name, kind=kind,
+        partitions=_int(raw, "numpartitions", 1, "numPartitions") or DEFAULT_PARTITIONS,
+        starting_offsets=None if start is None else offsets.parse(
+            start, name, "startingOffsets", default=offsets.EARLIEST, allowed=(offsets.EARLIEST, offsets.LATEST)),
+        ending_offsets=None if end is None else offsets.parse(
+            end, name, "endingOffsets", default=offsets.LATEST, allowed=(offsets.LATEST,)),
+        max_offsets=_int(raw, "maxoffsetspertrigger", 1, "maxOffsetsPerTrigger"),
+        encryption_keys=_keys(env),
+    )
+
+
+def _keys(env: Mapping[str, str]) -> tuple[tuple[str, bytes], ...]:
+    spec = env.get("CONVEYOR_ENCRYPTION_KEY")
+    if not spec:
+        return ()
+    try:
+        return settings.encryption_keys(spec)
+    except ValueError as exc:
+        raise errors.InvalidInput(f"CONVEYOR_ENCRYPTION_KEY: {exc}") from None

@@ -1,4 +1,5 @@
-"""Database rows to Arrow record batches (what the readers hand to Spark)."""
+"""Database rows to Arrow record batches (what the readers hand to Spark), with sealed
+partitioned-queue payloads opened on the way."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from conveyor import crypto, errors
 from conveyor.spark import schemas
 
 
@@ -27,3 +29,20 @@ def to_batch(fields: Sequence[schemas.Field], name: str, rows: Sequence[Sequence
             values = [_attributes(v) for v in values]
         arrays.append(pa.array(values, type=field.arrow))
     return pa.RecordBatch.from_arrays(arrays, schema=schemas.arrow(fields))
+
+
+def opened(fields: Sequence[schemas.Field], rows: Sequence[Sequence[Any]],
+           keys: Sequence[tuple[str, bytes]]) -> Sequence[Sequence[Any]]:
+    """Rows with a ``payload`` stored sealed (``encrypted``; conveyor.crypto) as it was
+    pushed. ``keys`` are the driver's CONVEYOR_ENCRYPTION_KEY; a sealed payload without
+    them fails the read rather than reach Spark as ciphertext."""
+    names = [f.name for f in fields[1:]]
+    payload, sealed = names.index("payload"), names.index("encrypted")
+    if not any(row[sealed] for row in rows):
+        return rows
+    if not keys:
+        raise errors.Unavailable("the partitioned queue holds sealed payloads (encryption at rest) and the query's "
+                                 "driver has no CONVEYOR_ENCRYPTION_KEY to open them: set it where the driver runs")
+    keyring = crypto.Keyring.of(keys)
+    return [(*row[:payload], keyring.open_text(row[payload]), *row[payload + 1:]) if row[sealed] else row
+            for row in rows]

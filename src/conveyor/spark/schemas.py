@@ -4,7 +4,9 @@ as the Arrow schema its readers produce (the two are built from one list).
 Every schema starts with the name of the queue or stream read, so that reads of several
 can be unioned. ``attributes`` is a map of strings: a queue message's headers (SQS
 message attributes; values that are not strings are kept as their JSON text), or a
-stream event's extra1..extra4.
+stream event's extra1..extra4. A partitioned queue's message (migration 0009) has its
+partition's name and id, its position ``seq`` in the partition (what offsets count), its
+Queen ids, and its payload as JSON text, opened if it was stored sealed (``encrypted``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ _ARROW = {
     "string": pa.string(),
     "bigint": pa.int64(),
     "int": pa.int32(),
+    "boolean": pa.bool_(),
     "timestamp": pa.timestamp("us", tz="UTC"),
     "map<string,string>": pa.map_(pa.string(), pa.string()),
 }
@@ -56,6 +59,10 @@ STREAM_EVENTS = _fields(
 STREAM_DEAD_LETTERS = _fields(
     "stream string, id bigint, event_id bigint, consumer string, dead_at timestamp, reason string, type string,"
     "payload string, created_at timestamp, retry_count int, attributes map<string,string>")
+
+PARTITIONED_MESSAGES = _fields(
+    "queue string, partition string, partition_id string, seq bigint, message_id string, transaction_id string,"
+    "trace_id string, payload string, encrypted boolean, producer_sub string, created_at timestamp")
 
 
 def ddl(fields: Sequence[Field]) -> str:

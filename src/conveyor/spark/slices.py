@@ -3,6 +3,10 @@
 A ``Slice`` is one input partition: a named query (or a stream cursor) over an id range
 ``[min_id, max_id)``. The first slice of a read is open below and the last open above,
 so the slices cover every row whatever the split; the split only spreads the work.
+A partitioned queue's slice is a list of position ranges ``(partition, after, through]``
+instead: the ranges of a read are packed into about ``numPartitions`` slices by message
+count, a large partition cut into several, many small ones sharing one (a queue may have
+thousands of partitions; a Spark task each would cost more than their rows).
 Slices are planned on the driver and read on executors, each with its own connection.
 """
 
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -18,7 +22,7 @@ from pyspark.sql.datasource import InputPartition
 
 from conveyor import errors
 from conveyor.db import sync
-from conveyor.spark import rows
+from conveyor.spark import offsets, rows
 from conveyor.spark.options import Options
 
 
@@ -73,9 +77,50 @@ def archive_slices(options: Options, from_mark: int, to_mark: int) -> list[Slice
     return _slices("pipeline_archive_range", str(options.queue), params, low, high, options.partitions)
 
 
+def pack(ranges: Sequence[tuple[int, int, int]], n: int) -> list[list[tuple[int, int, int]]]:
+    """Ranges ``(partition id, after, through)`` in about ``n`` groups of about equal
+    message counts (``through - after``), in their order, cutting ranges where needed."""
+    total = sum(through - after for _, after, through in ranges)
+    if total <= 0:
+        return []
+    per = math.ceil(total / n)
+    groups: list[list[tuple[int, int, int]]] = [[]]
+    room = per
+    for partition_id, after, through in ranges:
+        while after < through:
+            if room == 0:
+                groups.append([])
+                room = per
+            take = min(through - after, room)
+            groups[-1].append((partition_id, after, after + take))
+            after, room = after + take, room - take
+    return groups
+
+
+def pqueue_partitions(conn: sync.Connection, queue: str) -> dict[str, offsets.Partition]:
+    """The partitions of a partitioned queue now, by name (PartitionedQueueNotFound)."""
+    found = sync.fetch_all(conn, "pipeline_pqueue_partitions", {"queue": queue})
+    if not found:
+        raise errors.PartitionedQueueNotFound(f"partitioned queue {queue!r} does not exist")
+    return {name: offsets.Partition(int(pid), int(head)) for _, pid, name, head in found if pid is not None}
+
+
+def pqueue_slices(options: Options, parts: Mapping[str, offsets.Partition], start: Mapping[str, int],
+                  end: Mapping[str, int]) -> list[Slice]:
+    """The messages of each partition after its ``start`` position through its ``end``."""
+    ranges = [(parts[name].id, start.get(name, 0), through) for name, through in sorted(end.items())
+              if through > start.get(name, 0)]
+    return [Slice("pipeline_pqueue_range", str(options.partitioned_queue), {
+                "partition_ids": [r[0] for r in group], "afters": [r[1] for r in group],
+                "throughs": [r[2] for r in group]})
+            for group in pack(ranges, options.partitions)]
+
+
 def plan(options: Options) -> list[Slice]:
     """The partitions of a batch read (the whole of what the options name)."""
     with sync.connect(options.dsn) as conn:
+        if options.partitioned_queue is not None:
+            return _plan_pqueue(conn, options)
         if options.stream is not None:
             return _plan_stream(conn, options)
         return _plan_queue(conn, options)
@@ -112,6 +157,24 @@ def _plan_queue(conn: sync.Connection, options: Options) -> list[Slice]:
     return _slices("pipeline_messages_range", name, params, low, high, options.partitions)
 
 
+def _plan_pqueue(conn: sync.Connection, options: Options) -> list[Slice]:
+    """Kafka's batch read: from startingOffsets (default earliest) to endingOffsets
+    (default latest), both resolved against the heads of one snapshot."""
+    queue = str(options.partitioned_queue)
+    start_spec = options.starting_offsets or offsets.Spec(offsets.EARLIEST)
+    if offsets.LATEST in (start_spec.default, *dict(start_spec.positions).values()):
+        raise errors.InvalidInput("option startingOffsets cannot be latest (-1) in a batch read: it would read nothing")
+    parts = pqueue_partitions(conn, queue)
+    heads = {name: p.head for name, p in parts.items()}
+    start = offsets.resolve(start_spec, heads, queue, "startingOffsets")
+    end = offsets.resolve(options.ending_offsets or offsets.Spec(offsets.LATEST), heads, queue, "endingOffsets")
+    backwards = sorted(name for name in heads if end[name] < start[name])
+    if backwards:
+        raise errors.InvalidInput(f"partition {backwards[0]!r}: endingOffsets ({end[backwards[0]]}) is before "
+                                  f"startingOffsets ({start[backwards[0]]})")
+    return pqueue_slices(options, parts, start, end)
+
+
 def read(options: Options, part: Slice) -> Iterator[pa.RecordBatch]:
     """The rows of one partition as Arrow record batches (a connection of its own)."""
     with sync.connect(options.dsn) as conn:
@@ -120,4 +183,6 @@ def read(options: Options, part: Slice) -> Iterator[pa.RecordBatch]:
         else:
             batches = sync.fetch_batches(conn, part.query, part.params)
         for chunk in batches:
-            yield rows.to_batch(options.fields, part.name, chunk)
+            got = chunk if options.partitioned_queue is None else rows.opened(options.fields, chunk,
+                                                                               options.encryption_keys)
+            yield rows.to_batch(options.fields, part.name, got)

@@ -33,8 +33,8 @@ class BatchReader(DataSourceReader):
 
 
 class ConveyorDataSource(DataSource):
-    """``spark.read.format("conveyor").option("dsn", ...).option("queue" | "stream", name)``;
-    see docs/pipeline.md for every option."""
+    """``spark.read.format("conveyor").option("dsn", ...).option("queue" | "stream" |
+    "partitionedQueue", name)``; see docs/pipeline.md for every option."""
 
     @classmethod
     def name(cls) -> str:
@@ -51,6 +51,8 @@ class ConveyorDataSource(DataSource):
         return BatchReader(self.parsed)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if self.parsed.partitioned_queue is not None:
+            return streaming.PartitionedReader(self.parsed)
         if self.parsed.stream is not None:
             return streaming.StreamReader(self.parsed)
         return streaming.ArchiveReader(self.parsed)
@@ -64,6 +66,9 @@ class ConveyorDataSource(DataSource):
         return writers.StreamWriter(self.parsed)
 
     def _check_write(self, schema: StructType, overwrite: bool) -> None:
+        if self.parsed.partitioned_queue is not None:
+            raise errors.InvalidInput("the conveyor data source reads partitioned queues but does not write them: "
+                                      "push through Queen's API (POST /api/v1/push) or conveyor.pqueue_push")
         if overwrite:
             raise errors.InvalidInput("queues and streams are appended to: use mode append")
         writers.check_schema(schema, self.parsed)

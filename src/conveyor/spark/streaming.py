@@ -1,5 +1,7 @@
-"""Streaming reads: a stream as a named consumer (offsets are tick ids) and a queue's
-archive (offsets are archive marks, the archive's ticks; migration 0006).
+"""Streaming reads: a stream as a named consumer (offsets are tick ids), a queue's
+archive (offsets are archive marks, the archive's ticks; migration 0006) and a
+partitioned queue (offsets are a position per partition, as Spark keeps Kafka's;
+conveyor.spark.offsets).
 
 A micro-batch is the rows between two offsets; both exist before Spark plans the batch,
 so replaying it after a crash reads the same rows. Spark's checkpoint, not ``commit()``,
@@ -20,7 +22,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from conveyor import errors
 from conveyor.db import sync
-from conveyor.spark import slices
+from conveyor.spark import offsets, slices
 from conveyor.spark.options import Options
 
 
@@ -142,3 +144,64 @@ class ArchiveReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         """Marks are shared by every reader of the archive and expire by age: nothing to do."""
+
+
+class PartitionedReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """A partitioned queue, read the way Spark reads a Kafka topic:
+    ``{queue: {partition: position}}``. Partitions created after the query started are
+    read from their first message. Reading consumes nothing: no consumer group's cursor
+    or lease is touched, so the query is invisible to the queue's consumers."""
+
+    def __init__(self, options: Options) -> None:
+        if options.ending_offsets is not None:
+            raise errors.InvalidInput("option endingOffsets is for batch reads: a streaming query reads on and on")
+        self.options = options
+        self.queue = str(options.partitioned_queue)
+        self.target: dict[str, int] | None = None  # Trigger.AvailableNow: the heads to read up to
+
+    def _heads(self) -> dict[str, int]:
+        with sync.connect(self.options.dsn) as conn:
+            return {name: p.head for name, p in slices.pqueue_partitions(conn, self.queue).items()}
+
+    def initialOffset(self) -> dict[str, Any]:
+        spec = self.options.starting_offsets or offsets.Spec(offsets.LATEST)
+        return offsets.offset(self.queue, offsets.resolve(spec, self._heads(), self.queue, "startingOffsets"))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets:
+            return ReadMaxRows(self.options.max_offsets)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._heads()
+
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return offsets.offset(self.queue, self._heads())
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        after = offsets.positions(start, self.queue)
+        heads = self._heads()
+        offsets.check(after, heads, self.queue)
+        if self.target is not None:  # nothing pushed after the run began, not even to new partitions
+            heads = {name: min(head, self.target.get(name, 0)) for name, head in heads.items()}
+        end = {name: max(head, after.get(name, 0)) for name, head in heads.items()}
+        end = offsets.limit(after, end, limit.max_rows if isinstance(limit, ReadMaxRows) else None)
+        # a partition enters the offset once there is something of it to read
+        return offsets.offset(self.queue, {name: p for name, p in end.items() if name in after or p > 0})
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        first, last = offsets.positions(start, self.queue), offsets.positions(end, self.queue)
+        if first == last:
+            return []
+        with sync.connect(self.options.dsn) as conn:
+            parts = slices.pqueue_partitions(conn, self.queue)
+        offsets.check(last, {name: p.head for name, p in parts.items()}, self.queue)
+        return list(slices.pqueue_slices(self.options, parts, first, last))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, slices.Slice)
+        return slices.read(self.options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: reading is side-effect free (Spark's checkpoint holds the
+        positions; no consumer group is moved)."""
