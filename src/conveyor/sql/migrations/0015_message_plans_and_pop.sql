@@ -1,4 +1,5 @@
--- Conveyor 0015: the message functions keep one plan per statement (generic plans).
+-- Conveyor 0015: the message functions keep one plan per statement (generic plans), and
+-- a pop of a standard queue is one DELETE.
 --
 -- PL/pgSQL keeps a statement's plan for the session, but by default PostgreSQL plans it
 -- again with each call's values ("custom plans") for as long as those look cheaper than
@@ -20,6 +21,51 @@
 -- partitioned table (one partition per queue), a partition's statistics are its own, the
 -- estimates are right, and a generic plan would lock every partition at each call; there
 -- the clause is left off.
+
+-- A pop (read and delete at once) of a standard queue without a redrive policy deletes
+-- the rows _claim would claim in one statement, instead of claiming them (an UPDATE: a
+-- new row version and new index entries for every message) and deleting them after. It
+-- returns them as the claim would have left them. FIFO queues and queues with a redrive
+-- policy claim first as before: the claim orders groups and dead-letters messages past
+-- max_receive_count.
+CREATE OR REPLACE FUNCTION conveyor.message_pop(queue_name text, qty integer DEFAULT 1)
+RETURNS SETOF conveyor.messages
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    q conveyor.queues := conveyor._queue(queue_name);
+    claimed bigint[];
+    ts timestamptz;
+    m conveyor.messages;
+BEGIN
+    IF qty IS NULL OR qty < 1 OR qty > 1000 THEN
+        PERFORM conveyor._raise('CVV01', format('qty must be from 1 to 1000, got %s', qty));
+    END IF;
+    IF q.fifo OR q.max_receive_count IS NOT NULL THEN
+        IF q.fifo THEN
+            SELECT array_agg(c.id) INTO claimed FROM conveyor._claim_fifo(q, 0, qty) c;
+        ELSE
+            SELECT array_agg(c.id) INTO claimed FROM conveyor._claim(q, 0, qty) c;
+        END IF;
+        RETURN QUERY
+        DELETE FROM conveyor.messages x WHERE x.queue_id = q.id AND x.id = ANY (claimed) RETURNING x.*;
+        RETURN;
+    END IF;
+    ts := clock_timestamp();
+    FOR m IN
+        DELETE FROM conveyor.messages x
+         WHERE x.queue_id = q.id
+           AND x.id = ANY (ARRAY(SELECT c.id FROM conveyor.messages c
+                                  WHERE c.queue_id = q.id AND c.vt <= ts
+                                  ORDER BY c.vt, c.id LIMIT qty
+                                  FOR UPDATE SKIP LOCKED))
+        RETURNING x.*
+    LOOP
+        m.vt := ts;
+        m.receive_count := m.receive_count + 1;
+        m.first_received_at := coalesce(m.first_received_at, ts);
+        RETURN NEXT m;
+    END LOOP;
+END $$;
 
 DO $$
 DECLARE
