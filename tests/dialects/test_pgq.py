@@ -124,10 +124,10 @@ def test_insert_event_forms_and_errors(sql):
     assert rows == [(first, "t", "d", None, None), (second, None, "d2", "e1", "e4")]
 
 
-def _append_knows(conn: psycopg.Connection[Any], stream: str) -> bool:
-    """Whether pgq._append (dialect migration 0002) has static inserts for the stream."""
+def _insert_event_knows(conn: psycopg.Connection[Any], stream: str) -> bool:
+    """Whether pgq.insert_event (dialect migration 0002) has static inserts for the stream."""
     sid = one(conn, "SELECT id FROM conveyor.streams WHERE name = %s", stream)
-    return f"IF stream_id = {sid} THEN" in one(conn, "SELECT prosrc FROM pg_proc WHERE oid = 'pgq._append'::regproc")
+    return f"IF stream_id = {sid} THEN" in one(conn, "SELECT prosrc FROM pg_proc WHERE oid = 'pgq.insert_event(text, text, text, text, text, text, text)'::regprocedure")
 
 
 def test_insert_event_keeps_a_plan_per_stream_table(sql):
@@ -135,15 +135,15 @@ def test_insert_event_keeps_a_plan_per_stream_table(sql):
     made since (by any interface) gets them at its first event, which goes the dynamic way."""
     one(sql, "SELECT pgq.create_queue('a')")
     one(sql, "SELECT conveyor.stream_create('b')")
-    assert not _append_knows(sql, "a") and not _append_knows(sql, "b")
+    assert not _insert_event_knows(sql, "a") and not _insert_event_knows(sql, "b")
     ids = [one(sql, "SELECT pgq.insert_event(%s, 't', %s)", q, f"{q}{n}") for n in range(3) for q in ("a", "b")]
-    assert _append_knows(sql, "a") and _append_knows(sql, "b")
+    assert _insert_event_knows(sql, "a") and _insert_event_knows(sql, "b")
     dropped = one(sql, "SELECT id FROM conveyor.streams WHERE name = 'a'")
     one(sql, "SELECT pgq.drop_queue('a')")
     one(sql, "SELECT pgq.create_queue('c')")
     one(sql, "SELECT pgq.insert_event('c', 't', 'c0')")
-    assert _append_knows(sql, "c") and _append_knows(sql, "b")
-    assert f"IF stream_id = {dropped} THEN" not in one(sql, "SELECT prosrc FROM pg_proc WHERE oid = 'pgq._append'::regproc")
+    assert _insert_event_knows(sql, "c") and _insert_event_knows(sql, "b")
+    assert f"IF stream_id = {dropped} THEN" not in one(sql, "SELECT prosrc FROM pg_proc WHERE oid = 'pgq.insert_event(text, text, text, text, text, text, text)'::regprocedure")
     assert ids[1::2] == [ids[1], ids[1] + 1, ids[1] + 2]  # each stream's own sequence, static or not
     # the rows are the dynamic path's: in the stream's current table, with the event columns given
     table = one(sql, "SELECT queue_data_pfx || '_' || queue_cur_table FROM pgq.queue WHERE queue_name = 'b'")
@@ -160,16 +160,16 @@ def test_insert_event_keeps_a_plan_per_stream_table(sql):
 
 
 def test_insert_event_does_not_wait_for_another_rewrite(db, sql):
-    """While one transaction rewrites pgq._append (holding its lock to commit), others append
+    """While one transaction rewrites pgq.insert_event (holding its lock to commit), others append
     the dynamic way instead of waiting; the next event after it rewrites again."""
     with psycopg.connect(db) as other:
-        other.execute("SELECT pg_advisory_xact_lock(hashtext('pgq._append_rewrite'))")
+        other.execute("SELECT pg_advisory_xact_lock(hashtext('pgq._insert_event_rewrite'))")
         one(sql, "SELECT pgq.create_queue('late')")
         first = one(sql, "SELECT pgq.insert_event('late', 't', 'one')")
-        assert not _append_knows(sql, "late")
+        assert not _insert_event_knows(sql, "late")
         other.rollback()
     assert one(sql, "SELECT pgq.insert_event('late', 't', 'two')") == first + 1
-    assert _append_knows(sql, "late")
+    assert _insert_event_knows(sql, "late")
 
 
 def test_set_queue_config_maps_onto_stream_options(sql):

@@ -6,66 +6,51 @@
 -- every event. Measured (pg_stat_user_functions, perf in a scratch database): two thirds
 -- of an insert_event's server time, which left it at 0.3 of PgQ's speed for 1,000 events
 -- per statement, where PgQ's C code reuses one plan per queue. PL/pgSQL keeps the plan of
--- a statement whose table is written in the function, so pgq._append is a function
--- written for the streams that exist: for each, an INSERT into each of its three tables,
--- reached through a binary search on the stream id, then on the current table. It is
--- rewritten (pgq._append_rewrite) when insert_event meets a stream it does not know (a
--- stream created since, by any interface): that event, and every event while another
--- transaction is rewriting it, takes 0001's EXECUTE path, so nothing waits. A dropped
--- stream's branch is never reached (its name no longer finds a stream) and leaves at the
--- next rewrite.
+-- a statement whose table is written in the function, so insert_event is now written for
+-- the streams that exist: for each, an INSERT into each of its three tables, reached by a
+-- binary search on the stream id, then on the current table. It is written again
+-- (pgq._insert_event_rewrite) when it meets a stream it has no statements for (a stream
+-- created since, by any interface): that event, and every event while another
+-- transaction is rewriting it, takes 0001's EXECUTE path, so nothing waits for the
+-- rewrite. A dropped stream's branch is never reached (its name no longer finds a stream)
+-- and goes at the next rewrite. (One function, not a second one for the statements: a
+-- PL/pgSQL call per event cost a tenth of the time.)
 --
 -- The insert itself is 0001's (the engine's raw append): the transaction id is taken
 -- before the stream row (and so the current table) is read, ev_id from the stream's
 -- sequence, ev_type as given.
 
 -- The statements for the streams ids[lo..hi] (sorted): a binary search on stream_id.
-CREATE FUNCTION pgq._append_branch(ids bigint[], lo integer, hi integer) RETURNS text
+CREATE FUNCTION pgq._insert_event_branch(ids bigint[], lo integer, hi integer) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     mid integer := (lo + hi) / 2;
+    -- (the id drawn first, in an assignment: cheaper than the INSERT's RETURNING)
     insert_into constant text := 'INSERT INTO conveyor.%I (ev_id, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, '
-                                 'ev_extra4) VALUES (nextval(seq), ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, '
-                                 'ev_extra4) RETURNING ev_id INTO id;';
+                                 'ev_extra4) VALUES (id, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4);';
 BEGIN
     IF lo > hi THEN
         RETURN '';
     END IF;
     IF lo = hi THEN
-        RETURN format(E'IF stream_id = %s THEN\nCASE cur_table WHEN 0 THEN %s\nWHEN 1 THEN %s\nELSE %s\nEND CASE;\n'
-                      || E'RETURN id;\nEND IF;\n',
+        RETURN format(E'IF stream_id = %s THEN\n    id := nextval(seq);\n    CASE cur_table\n'
+                      || E'    WHEN 0 THEN %s\n    WHEN 1 THEN %s\n    ELSE %s\n    END CASE;\n    RETURN id;\nEND IF;\n',
                       ids[lo], format(insert_into, 'stream_' || ids[lo] || '_0'),
                       format(insert_into, 'stream_' || ids[lo] || '_1'), format(insert_into, 'stream_' || ids[lo] || '_2'));
     END IF;
-    RETURN format(E'IF stream_id <= %s THEN\n%sELSE\n%sEND IF;\n', ids[mid], pgq._append_branch(ids, lo, mid),
-                  pgq._append_branch(ids, mid + 1, hi));
+    RETURN format(E'IF stream_id <= %s THEN\n%sELSE\n%sEND IF;\n', ids[mid], pgq._insert_event_branch(ids, lo, mid),
+                  pgq._insert_event_branch(ids, mid + 1, hi));
 END $$;
 
--- Rewrites pgq._append for the streams this transaction sees, unless another transaction
--- is doing it (then returns false at once).
-CREATE FUNCTION pgq._append_rewrite() RETURNS boolean
-LANGUAGE plpgsql AS $$
-DECLARE
-    ids bigint[];
-BEGIN
-    IF NOT pg_try_advisory_xact_lock(hashtext('pgq._append_rewrite')) THEN
-        RETURN false;
-    END IF;
-    SELECT coalesce(array_agg(s.id ORDER BY s.id), '{}') INTO ids FROM conveyor.streams s;
-    EXECUTE format('CREATE OR REPLACE FUNCTION pgq._append(stream_id bigint, cur_table smallint, seq regclass, '
-                   'ev_type text, ev_data text, ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text) '
-                   || E'RETURNS bigint\nLANGUAGE plpgsql AS $append$\nDECLARE\n    id bigint;\nBEGIN\n%s'
-                   || E'RETURN NULL;  -- a stream created after this function was written\nEND $append$',
-                   pgq._append_branch(ids, 1, cardinality(ids)));
-    RETURN true;
-END $$;
-
-SELECT pgq._append_rewrite();
-
+-- pgq.insert_event with the statements for the streams `ids`.
+CREATE FUNCTION pgq._insert_event_source(ids bigint[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $src$
+    SELECT $head$
 CREATE OR REPLACE FUNCTION pgq.insert_event(queue_name text, ev_type text, ev_data text,
                                             ev_extra1 text, ev_extra2 text, ev_extra3 text, ev_extra4 text)
 RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgq AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgq AS $insert_event$
+-- Written by pgq._insert_event_rewrite (dialect migration pgq/0002) for the streams there were.
 DECLARE
     stream_id bigint;
     cur_table smallint;
@@ -81,17 +66,34 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'No such queue';
     END IF;
-    id := pgq._append(stream_id, cur_table, seq, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4);
-    IF id IS NULL THEN
-        PERFORM pgq._append_rewrite();
-        EXECUTE format('INSERT INTO conveyor.%I (ev_id, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
-                        VALUES (nextval($1), $2, $3, $4, $5, $6, $7) RETURNING ev_id',
-                       'stream_' || stream_id || '_' || cur_table)
-        INTO id USING seq, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4;
-    END IF;
+$head$ || pgq._insert_event_branch(ids, 1, cardinality(ids)) || $tail$
+    -- a stream created after this function was written
+    PERFORM pgq._insert_event_rewrite();
+    EXECUTE format('INSERT INTO conveyor.%I (ev_id, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4)
+                    VALUES (nextval($1), $2, $3, $4, $5, $6, $7) RETURNING ev_id',
+                   'stream_' || stream_id || '_' || cur_table)
+    INTO id USING seq, ev_type, ev_data, ev_extra1, ev_extra2, ev_extra3, ev_extra4;
     RETURN id;
+END $insert_event$
+$tail$
+$src$;
+
+-- Writes pgq.insert_event again for the streams this transaction sees, unless another
+-- transaction is doing it (then returns false at once). CREATE OR REPLACE keeps its grants.
+CREATE FUNCTION pgq._insert_event_rewrite() RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids bigint[];
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('pgq._insert_event_rewrite')) THEN
+        RETURN false;
+    END IF;
+    SELECT coalesce(array_agg(s.id ORDER BY s.id), '{}') INTO ids FROM conveyor.streams s;
+    EXECUTE pgq._insert_event_source(ids);
+    RETURN true;
 END $$;
 
+SELECT pgq._insert_event_rewrite();
 
 ------------------------------------------------------------------------------------------
 -- CDC triggers: the row's values without an EXECUTE per row
