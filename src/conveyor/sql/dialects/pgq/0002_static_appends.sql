@@ -96,6 +96,27 @@ END $$;
 SELECT pgq._insert_event_rewrite();
 
 ------------------------------------------------------------------------------------------
+-- Batches: 0001's SQL wrappers as PL/pgSQL (a SECURITY DEFINER SQL function, or one that
+-- cannot be inlined, is planned again at every call; pg_stat_user_functions put
+-- pgq.next_batch's own time at a tenth of a batch's)
+------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION pgq._batch_owner(batch bigint) RETURNS conveyor.stream_consumers
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    c conveyor.stream_consumers;
+BEGIN
+    SELECT * INTO c FROM conveyor.stream_consumers x WHERE x.batch_id = batch;
+    RETURN c;
+END $$;
+
+CREATE OR REPLACE FUNCTION pgq.next_batch(i_queue_name text, i_consumer_name text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgq AS $$
+BEGIN
+    RETURN (SELECT n.batch_id FROM pgq.next_batch_custom(i_queue_name, i_consumer_name, NULL, NULL, NULL) n);
+END $$;
+
+------------------------------------------------------------------------------------------
 -- CDC triggers: the row's values without an EXECUTE per row
 --
 -- 0001's triggers were 50 times the server time of PgQ's C triggers per row (measured
