@@ -15,8 +15,8 @@ postgresql-15-pgq3: C insert_event and C triggers). The same SQL runs against bo
                                         + finish_batch, each batch in its transaction,
                                         over --events events ticked every 1,000 / 10
 
-Each cell stops at --events events or --seconds, whichever comes first; the median of
---repeat runs is shown. Payloads are ~100 bytes.
+Each cell stops at --events events or --seconds, whichever comes first; the two systems
+take turns run by run, and the median of --repeat runs is shown. Payloads are ~100 bytes.
 """
 
 from __future__ import annotations
@@ -130,21 +130,19 @@ def consume(conn: psycopg.Connection, deadline: float) -> int:
     return n
 
 
-def measure(dsn: str, args: argparse.Namespace) -> dict[str, float]:
-    rates: dict[str, list[float]] = {}
+def measure_once(dsn: str, args: argparse.Namespace, rates: dict[str, list[float]]) -> None:
+    """One run of every scenario on one database, appended to rates."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for _ in range(args.repeat):
-            rates.setdefault("insert_event, 1 per transaction", []).append(
-                timed(lambda d: insert_single(conn, args.events, d), args.seconds))
-            rates.setdefault("insert_event, 1,000 per statement", []).append(
-                timed(lambda d: insert_statement(conn, args.events * 5, d), args.seconds))
-            rates.setdefault("logutriga row insert, 1 per transaction", []).append(
-                timed(lambda d: trigger_insert(conn, args.events, d), args.seconds))
-            for size in (1000, 10):
-                fill(conn, args.events if size == 1000 else args.events // 10, size)
-                rates.setdefault(f"next_batch+get_batch_events+finish, {size:,}/batch", []).append(
-                    timed(lambda d: consume(conn, d), args.seconds))
-    return {label: statistics.median(values) for label, values in rates.items()}
+        rates.setdefault("insert_event, 1 per transaction", []).append(
+            timed(lambda d: insert_single(conn, args.events, d), args.seconds))
+        rates.setdefault("insert_event, 1,000 per statement", []).append(
+            timed(lambda d: insert_statement(conn, args.events * 5, d), args.seconds))
+        rates.setdefault("logutriga row insert, 1 per transaction", []).append(
+            timed(lambda d: trigger_insert(conn, args.events, d), args.seconds))
+        for size in (1000, 10):
+            fill(conn, args.events if size == 1000 else args.events // 10, size)
+            rates.setdefault(f"next_batch+get_batch_events+finish, {size:,}/batch", []).append(
+                timed(lambda d: consume(conn, d), args.seconds))
 
 
 def main(args: argparse.Namespace) -> None:
@@ -156,10 +154,13 @@ def main(args: argparse.Namespace) -> None:
         with psycopg.connect(real, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION pgq")
             version = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'pgq'").fetchone()
-        print(f"measuring Conveyor's pgq dialect, then PgQ {version[0] if version else '?'} (C), "
+        print(f"measuring Conveyor's pgq dialect and PgQ {version[0] if version else '?'} (C) in turn, "
               f"{args.events:,} events or {args.seconds:g} s per cell, median of {args.repeat}", flush=True)
-        dialect = measure(ours, args)
-        pgq = measure(real, args)
+        runs: dict[str, dict[str, list[float]]] = {"dialect": {}, "pgq": {}}
+        for _ in range(args.repeat):  # the two alternate, so a busy moment of the machine hits both
+            measure_once(ours, args, runs["dialect"])
+            measure_once(real, args, runs["pgq"])
+        dialect, pgq = ({label: statistics.median(v) for label, v in runs[s].items()} for s in ("dialect", "pgq"))
     finally:
         drop(ours_db)
         drop(real_db)

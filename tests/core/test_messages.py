@@ -157,6 +157,31 @@ async def test_archive_and_pop_and_peek(conn):
     assert await cur.fetchall() == [(ids[0], "completed"), (ids[1], "completed")]
 
 
+async def test_pop_returns_messages_as_their_claim_leaves_them(conn):
+    """A standard queue's pop deletes in one statement (migration 0015) and answers what
+    claim-then-delete answered: the receive counted, the first receive time kept or set,
+    the visibility the pop's time; with a redrive policy, a message past its receives goes
+    to the dead-letter queue instead."""
+    await queues.create(conn, "jobs")
+    first, second = [s.id for s in await messages.send_batch(conn, "jobs", [M("a"), M("b")])]
+    [received] = await messages.receive(conn, "jobs", qty=1, vt=0)
+    clock = "SELECT clock_timestamp()"
+    started = (await (await conn.execute(clock)).fetchone())[0]
+    popped = sorted(await messages.pop(conn, "jobs", qty=5), key=lambda m: m.id)
+    ended = (await (await conn.execute(clock)).fetchone())[0]
+    assert [(m.id, m.receive_count) for m in popped] == [(first, 2), (second, 1)]
+    assert popped[0].first_received_at == received.first_received_at
+    assert popped[1].first_received_at == popped[1].vt and started <= popped[1].vt <= ended
+    assert await messages.peek(conn, "jobs") == []
+
+    await queues.create(conn, "dlq")
+    await queues.create(conn, "redriven", {"max_receive_count": 1, "dead_letter_queue": "dlq"})
+    ids = [s.id for s in await messages.send_batch(conn, "redriven", [M("a"), M("b")])]
+    await messages.receive(conn, "redriven", qty=1, vt=0)
+    assert [(m.id, m.receive_count) for m in await messages.pop(conn, "redriven", qty=5)] == [(ids[1], 1)]
+    assert [m.body for m in await messages.peek(conn, "dlq")] == ["a"]
+
+
 async def test_fail_goes_to_archive_without_dead_letter_queue(conn):
     await queues.create(conn, "jobs")
     mid = await messages.send(conn, "jobs", M("x"))

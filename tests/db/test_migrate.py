@@ -116,3 +116,33 @@ def test_a_server_refuses_to_start_on_a_mismatched_database(dsn):
         with pytest.raises(RuntimeError) as info:
             server.start(timeout=20)
         assert "differs from this build's" in str(info.value)
+
+
+async def test_a_migration_missing_below_applied_ones_is_refused(dsn, conn, tmp_path):
+    """Numbers may leave gaps (parallel work takes numbers ahead of time), but a database
+    is migrated in number order only: one that has a later migration and lacks an earlier
+    one was migrated by another build, and getting the earlier one late could undo the
+    later one's definitions."""
+    versions = [m.version for m in migrate.migrations()]
+    assert versions == sorted(set(versions))
+    missing = migrate.migrations()[-2]
+    await conn.execute("DELETE FROM conveyor.schema_migrations WHERE version = %s", (missing.version,))
+    with pytest.raises(errors.SchemaMismatch) as info:
+        await migrate.migrate(conn)
+    assert missing.label in info.value.message and "number order" in info.value.message
+    script = tmp_path / "conveyor.sql"
+    script.write_text(migrate.bundle())
+    done = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(script), dsn],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and f"migration {missing.label} is not applied but later ones are" in done.stderr
+
+
+async def test_a_dialect_migration_missing_below_applied_ones_is_refused(empty_dsn):
+    async with pool.connect(empty_dsn) as conn:
+        await migrate.migrate(conn, dialects=("pgmq",))
+        first, *later = migrate.migrations("pgmq")
+        assert later, "the pgmq dialect has more than one migration"
+        await conn.execute("DELETE FROM conveyor.dialect_migrations WHERE dialect = 'pgmq' AND version = %s",
+                           (first.version,))
+        with pytest.raises(errors.SchemaMismatch, match="pgmq/0001_pgmq is not applied"):
+            await migrate.migrate(conn)

@@ -370,6 +370,126 @@ def test_dialect_refused_beside_the_real_pgmq(empty_dsn: str) -> None:
         pgmq_support.install_dialect(empty_dsn)
 
 
+# -- the direct paths (dialect migration 0002): what the engine's own calls store ----------
+
+STORED = ("SELECT body, content_type, headers, group_id, receive_count, vt - sent_at, sent_at = now(), "
+          "message_uuid IS NOT NULL, dedup_id, sender_id, system_attributes, source_queue_id "
+          "FROM conveyor.messages WHERE queue_id = (SELECT id FROM conveyor.queues WHERE name = %s) ORDER BY id")
+
+
+def test_sends_store_what_the_engines_send_stores(sql: psycopg.Connection, q: str) -> None:
+    """pgmq.send/send_batch insert into conveyor.messages themselves (standard queues):
+    row for row what conveyor.message_send_json stores for the same messages, and a batch
+    what the same messages sent one by one store."""
+    sql.execute("SELECT pgmq.create(%s)", (q + "_a",))
+    sql.execute("SELECT pgmq.create(%s)", (q + "_b",))
+    sql.execute("SELECT pgmq.create(%s)", (q + "_c",))
+    msgs = ['{"n": 1}', "null", '"text"', '{"n": [1, 2]}']
+    headers = ['{"x-pgmq-group": "g1", "k": "v"}', "null", None, '{"k": 2}']
+    with sql.transaction():
+        for m, h in zip(msgs, headers, strict=True):
+            sql.execute("SELECT * FROM pgmq.send(%s, %s::jsonb, %s::jsonb, 5)", (q + "_a", m, h))
+        sql.execute("SELECT * FROM pgmq.send_batch(%s, %s::jsonb[], %s::jsonb[], 5)", (q + "_b", msgs, headers))
+        sql.execute("SELECT * FROM conveyor.message_send_json(%s, (SELECT jsonb_agg(jsonb_build_object("
+                    "'body', coalesce(m::jsonb, 'null')::text, 'content_type', 'application/json', "
+                    "'headers', CASE WHEN jsonb_typeof(h::jsonb) <> 'null' THEN h::jsonb END, "
+                    "'group_id', h::jsonb ->> 'x-pgmq-group', 'delay', 5) ORDER BY i) "
+                    "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(m, h, i)))",
+                    (q + "_c", msgs, headers))
+        rows = [sql.execute(STORED.encode(), (name,)).fetchall() for name in (q + "_a", q + "_b", q + "_c")]
+    assert rows[0] == rows[1] == rows[2]
+    assert [r[:4] for r in rows[0]] == [('{"n": 1}', "application/json", {"x-pgmq-group": "g1", "k": "v"}, "g1"),
+                                        ("null", "application/json", None, None),
+                                        ('"text"', "application/json", None, None),
+                                        ('{"n": [1, 2]}', "application/json", {"k": 2}, None)]
+    assert {r[5] for r in rows[0]} == {timedelta(seconds=5)}
+    with sqlstate("CVM01", "at most 1024 bytes"):
+        sql.execute("SELECT conveyor.queue_alter(%s, '{\"max_message_size\": 1024}')", (q + "_a",))
+        sql.execute("SELECT * FROM pgmq.send(%s, %s::jsonb)", (q + "_a", '{"x": "' + "y" * 1100 + '"}'))
+    with sqlstate("CVV01", "headers and system_attributes must be JSON objects"):
+        sql.execute("SELECT * FROM pgmq.send(%s, '1', '[1]'::jsonb)", (q + "_a",))
+
+
+def test_a_fifo_queue_takes_the_engines_fifo_path(sql: psycopg.Connection, q: str) -> None:
+    """A FIFO queue (made through SQS or REST) deduplicates and orders groups through
+    conveyor._send and its FIFO claim, also when written and read through pgmq."""
+    name = q + ".fifo"
+    sql.execute("SELECT conveyor.queue_create(%s, '{\"content_based_deduplication\": true}')", (name,))
+    first = scalar(sql, "SELECT * FROM pgmq.send(%s, '{\"a\": 1}', '{\"x-pgmq-group\": \"g\"}'::jsonb)", (name,))
+    again = scalar(sql, "SELECT * FROM pgmq.send(%s, '{\"a\": 1}', '{\"x-pgmq-group\": \"g\"}'::jsonb)", (name,))
+    ids = [i for (i,) in sql.execute("SELECT * FROM pgmq.send_batch(%s, ARRAY['{\"a\": 2}', '{\"a\": 3}']::jsonb[], "
+                                     "array_fill('{\"x-pgmq-group\": \"g\"}'::jsonb, ARRAY[2]))", (name,))]
+    assert again == first and first < ids[0] < ids[1]  # a duplicate is answered with the first's id
+    assert sql.execute("SELECT group_id, dedup_id IS NOT NULL FROM conveyor.messages").fetchall() == [("g", True)] * 3
+    # one group, one consumer at a time: the first read takes the group, the second nothing
+    assert [r[0] for r in sql.execute("SELECT msg_id FROM pgmq.read(%s, 30, 2)", (name,))] == [first, ids[0]]
+    assert sql.execute("SELECT msg_id FROM pgmq.read(%s, 30, 2)", (name,)).fetchall() == []
+    with sqlstate("CVV01", "FIFO queues take no per-message delay"):
+        sql.execute("SELECT * FROM pgmq.send(%s, '1', '{\"x-pgmq-group\": \"g\"}'::jsonb, 5)", (name,))
+
+
+def test_pop_reports_the_message_before_the_pop(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    sql.execute("SELECT * FROM pgmq.send_batch(%s, ARRAY['1', '2']::jsonb[])", (q,))
+    sql.execute("SELECT * FROM pgmq.read(%s, 0, 1)", (q,))  # message 1 read once, visible again
+    read_at = scalar(sql, "SELECT first_received_at FROM conveyor.messages WHERE id = 1")
+    popped = sql.execute("SELECT msg_id, read_ct, last_read_at, vt BETWEEN now() AND clock_timestamp(), message "
+                         "FROM pgmq.pop(%s, 5)", (q,)).fetchall()
+    # oldest visible first: message 1 became visible again when it was read
+    assert popped == [(2, 0, None, True, 2), (1, 1, read_at, True, 1)]
+    assert scalar(sql, "SELECT count(*) FROM pgmq.q_" + q) == 0
+
+
+def test_pop_with_a_redrive_policy_dead_letters_as_a_receive_does(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT pgmq.create(%s)", (q + "_dlq",))
+    sql.execute("SELECT conveyor.queue_create(%s, %s::jsonb)",
+                (q, '{"max_receive_count": 1, "dead_letter_queue": "' + q + '_dlq"}'))
+    sql.execute("SELECT * FROM pgmq.send_batch(%s, ARRAY['1', '2']::jsonb[])", (q,))
+    sql.execute("SELECT * FROM pgmq.read(%s, 0, 1)", (q,))  # message 1 has had its one receive
+    assert sql.execute("SELECT msg_id, read_ct, message FROM pgmq.pop(%s, 5)", (q,)).fetchall() == [(2, 0, 2)]
+    assert sql.execute("SELECT message, read_ct FROM pgmq.read(%s, 30, 5)", (q + "_dlq",)).fetchall() == [(1, 1)]
+
+
+def test_archive_and_delete_of_one_id_equal_those_of_an_array(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    sql.execute("SELECT * FROM pgmq.send_batch(%s, ARRAY['1', '2', '3', '4']::jsonb[], "
+                "array_fill('{\"h\": 1}'::jsonb, ARRAY[4]))", (q,))
+    sql.execute("SELECT * FROM pgmq.read(%s, 0, 4)", (q,))
+    assert scalar(sql, "SELECT pgmq.archive(%s, 1::bigint)", (q,)) is True
+    assert sql.execute("SELECT * FROM pgmq.archive(%s, ARRAY[2, 99]::bigint[])", (q,)).fetchall() == [(2,)]
+    assert scalar(sql, "SELECT pgmq.archive(%s, 1::bigint)", (q,)) is False
+    archived = sql.execute("SELECT id, receive_count, first_received_at IS NOT NULL, body, content_type, headers, "
+                           "outcome, archived_at IS NOT NULL FROM conveyor.archive ORDER BY id").fetchall()
+    assert [a[1:] for a in archived] == [(1, True, str(n), "application/json", {"h": 1}, "completed", True)
+                                         for n in (1, 2)]
+    assert scalar(sql, "SELECT pgmq.delete(%s, 3::bigint)", (q,)) is True
+    assert sql.execute("SELECT * FROM pgmq.delete(%s, ARRAY[4, 3]::bigint[])", (q,)).fetchall() == [(4,)]
+    assert scalar(sql, "SELECT count(*) FROM conveyor.messages") == 0
+
+
+def test_hot_calls_read_their_rows_only_on_a_queue_the_statistics_have_not_seen(sql: psycopg.Connection,
+                                                                                 q: str) -> None:
+    """As Conveyor's own message functions (tests/sql/test_plans.py): the dialect's calls
+    keep generic plans, so a queue filled after the last ANALYZE is not read whole."""
+    sql.execute("SELECT pgmq.create(%s)", (q + "_known",))
+    sql.execute("SELECT * FROM pgmq.send_batch(%s, array_fill('1'::jsonb, ARRAY[50]))", (q + "_known",))
+    sql.execute("ANALYZE conveyor.messages")
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    sql.execute("SELECT * FROM pgmq.send_batch(%s, array_fill('1'::jsonb, ARRAY[3000]))", (q,))
+    read = ("SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::bigint FROM pg_index "
+            "WHERE indrelid = 'conveyor.messages'::regclass")
+    with sql.transaction():
+        before = scalar(sql, read)
+        for _ in range(6):
+            (first,), (second,) = sql.execute("SELECT msg_id FROM pgmq.read(%s, 30, 2)", (q,)).fetchall()
+            sql.execute("SELECT pgmq.archive(%s, %s::bigint)", (q, first))
+            sql.execute("SELECT pgmq.delete(%s, %s::bigint)", (q, second))
+            sql.execute("SELECT * FROM pgmq.pop(%s)", (q,))
+            sql.execute("SELECT * FROM pgmq.send(%s, '1')", (q,))
+        done = scalar(sql, read)
+    assert done - before < 600, f"{done - before} index entries read for 30 calls on a queue of 3000 messages"
+
+
 # -- a pgmq queue is a Conveyor queue: SQS through a real server ---------------------------
 
 @pytest.fixture(scope="module")

@@ -124,6 +124,54 @@ def test_insert_event_forms_and_errors(sql):
     assert rows == [(first, "t", "d", None, None), (second, None, "d2", "e1", "e4")]
 
 
+def _insert_event_knows(conn: psycopg.Connection[Any], stream: str) -> bool:
+    """Whether pgq.insert_event (dialect migration 0002) has static inserts for the stream."""
+    sid = one(conn, "SELECT id FROM conveyor.streams WHERE name = %s", stream)
+    return f"IF stream_id = {sid} THEN" in one(conn, "SELECT prosrc FROM pg_proc WHERE oid = 'pgq.insert_event(text, text, text, text, text, text, text)'::regprocedure")
+
+
+def test_insert_event_keeps_a_plan_per_stream_table(sql):
+    """insert_event appends through statements written for each stream's tables; a stream
+    made since (by any interface) gets them at its first event, which goes the dynamic way."""
+    one(sql, "SELECT pgq.create_queue('a')")
+    one(sql, "SELECT conveyor.stream_create('b')")
+    assert not _insert_event_knows(sql, "a") and not _insert_event_knows(sql, "b")
+    ids = [one(sql, "SELECT pgq.insert_event(%s, 't', %s)", q, f"{q}{n}") for n in range(3) for q in ("a", "b")]
+    assert _insert_event_knows(sql, "a") and _insert_event_knows(sql, "b")
+    dropped = one(sql, "SELECT id FROM conveyor.streams WHERE name = 'a'")
+    one(sql, "SELECT pgq.drop_queue('a')")
+    one(sql, "SELECT pgq.create_queue('c')")
+    one(sql, "SELECT pgq.insert_event('c', 't', 'c0')")
+    assert _insert_event_knows(sql, "c") and _insert_event_knows(sql, "b")
+    assert f"IF stream_id = {dropped} THEN" not in one(sql, "SELECT prosrc FROM pg_proc WHERE oid = 'pgq.insert_event(text, text, text, text, text, text, text)'::regprocedure")
+    assert ids[1::2] == [ids[1], ids[1] + 1, ids[1] + 2]  # each stream's own sequence, static or not
+    # the rows are the dynamic path's: in the stream's current table, with the event columns given
+    table = one(sql, "SELECT queue_data_pfx || '_' || queue_cur_table FROM pgq.queue WHERE queue_name = 'b'")
+    assert sql.execute(f"SELECT ev_id, ev_type, ev_data, ev_extra1, ev_owner, ev_retry, ev_txid IS NOT NULL FROM {table} "
+                       "ORDER BY ev_id").fetchall() == [(i, "t", f"b{n}", None, None, None, True)
+                                                      for n, i in enumerate(ids[1::2])]
+    # a rotated stream appends to its new current table through the same function
+    sql.execute("UPDATE conveyor.streams SET switch_time = now() - interval '3 hours' WHERE name = 'b'")
+    sql.execute("SELECT pgq.maint_rotate_tables_step1('b')")
+    assert one(sql, "SELECT queue_cur_table FROM pgq.get_queue_info('b')") == 1
+    after = one(sql, "SELECT pgq.insert_event('b', 't', 'rotated')")
+    assert one(sql, "SELECT ev_data FROM conveyor.stream_" + str(one(sql, "SELECT id FROM conveyor.streams WHERE name = 'b'"))
+               + "_1 WHERE ev_id = %s", after) == "rotated"
+
+
+def test_insert_event_does_not_wait_for_another_rewrite(db, sql):
+    """While one transaction rewrites pgq.insert_event (holding its lock to commit), others append
+    the dynamic way instead of waiting; the next event after it rewrites again."""
+    with psycopg.connect(db) as other:
+        other.execute("SELECT pg_advisory_xact_lock(hashtext('pgq._insert_event_rewrite'))")
+        one(sql, "SELECT pgq.create_queue('late')")
+        first = one(sql, "SELECT pgq.insert_event('late', 't', 'one')")
+        assert not _insert_event_knows(sql, "late")
+        other.rollback()
+    assert one(sql, "SELECT pgq.insert_event('late', 't', 'two')") == first + 1
+    assert _insert_event_knows(sql, "late")
+
+
 def test_set_queue_config_maps_onto_stream_options(sql):
     one(sql, "SELECT pgq.create_queue('q')")
     assert one(sql, "SELECT pgq.set_queue_config('q', 'ticker_max_count', '7')") == 1
@@ -450,12 +498,12 @@ CASES: list[tuple[str, str, list[str], str]] = [
 
 
 def _capture(dsn: str, trig: str, args: str, statements: list[str], extra: str, *, before: bool = False,
-             nopkey: bool = False) -> list[Any]:
+             nopkey: bool = False, table: str = TABLE) -> list[Any]:
     """Runs the statements on a table with the trigger; returns each statement's outcome
     and then the events appended to queue 'cdc', read from the queue's tables."""
     outcome: list[Any] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(TABLE.format(extra=extra))
+        conn.execute(table.format(extra=extra))
         if nopkey:
             conn.execute("ALTER TABLE cdc DROP CONSTRAINT cdc_pkey")
         conn.execute("SELECT pgq.drop_queue(queue_name, true) FROM pgq.queue")
@@ -486,6 +534,64 @@ def test_cdc_trigger_events_equal_real_pgq(db, real_pgq, trig, args, statements,
     theirs = _capture(real_pgq, trig, args, statements, extra, before=before)
     assert ours == theirs
     assert len(ours) > len(statements) + 1 or any(o[0] == "error" for o in ours[:len(statements)]) or before
+
+
+# Columns of every type whose values the dialect reads from the row's JSON (dialect
+# migration 0002, pgq._json_text_types), in a time zone with an odd offset and a
+# non-ISO date style, with values at their edges.
+JSON_TEXT_TABLE = """
+SET timezone = 'America/St_Johns';
+SET DateStyle = 'SQL, DMY';
+DROP TABLE IF EXISTS cdc;
+CREATE TABLE cdc (id bigserial PRIMARY KEY, txt text, vc varchar(20), ch char(4), nm name, c "char", flag boolean,
+                  small int2, n int4, big int8, num numeric, r real, d double precision, o oid, u uuid, b bytea,
+                  iv interval, t time, ttz timetz, dt date, ts timestamp, tstz timestamptz, ip inet, net cidr,
+                  mac macaddr {extra});
+"""
+JSON_TEXT_ROWS = [
+    "INSERT INTO cdc (txt, vc, ch, nm, c, flag, small, n, big, num, r, d, o, u, b, iv, t, ttz, dt, ts, tstz, ip, net, mac) "
+    "VALUES ('a b&c=d/ä€\"\\\\ %+:,@', '', 'x', 'Name', 'q', true, -32768, 0, 9223372036854775807, 1.50, 'NaN', "
+    "-0.0, 42, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x00ff27', '1 day 02:03:04.5', '23:59:59.999999', "
+    "'12:00:00-05:30', '0044-03-15 BC', '2020-02-29 03:04:05.678', '2020-06-01 12:00:00+00', '10.0.0.1', "
+    "'10.1.0.0/16', '08:00:2b:01:02:03')",
+    "INSERT INTO cdc (flag, num, d, dt, ts, tstz) VALUES (false, 'NaN', 'Infinity', 'infinity', '-infinity', "
+    "'1999-12-31 23:59:59.5+13')",
+    "INSERT INTO cdc DEFAULT VALUES",
+    "UPDATE cdc SET txt = 'zz', flag = NOT flag, tstz = tstz + interval '1 second' WHERE id = 1",
+    "UPDATE cdc SET r = 1e-10 WHERE id = 2",
+    "DELETE FROM cdc WHERE id IN (1, 3)",
+]
+
+
+@pytest.mark.parametrize("args", ["", "backup"])
+@pytest.mark.parametrize("trig", ["jsontriga", "logutriga", "sqltriga"])
+def test_cdc_events_read_from_the_rows_json_equal_real_pgq(db, real_pgq, trig, args):
+    ours = _capture(db, trig, args, JSON_TEXT_ROWS, "", table=JSON_TEXT_TABLE)
+    assert ours == _capture(real_pgq, trig, args, JSON_TEXT_ROWS, "", table=JSON_TEXT_TABLE)
+    assert len(ours) == len(JSON_TEXT_ROWS) + 7 + 1  # the outcomes, 7 events (one per changed row), the count
+
+
+@pytest.mark.parametrize(("zone", "style"), [("UTC", "ISO, MDY"), ("Asia/Kathmandu", "Postgres, DMY"),
+                                              ("America/St_Johns", "German")])
+def test_values_from_the_rows_json_equal_the_dynamic_readers(sql, zone, style):
+    """pgq._row_values and pgq._encode_row (0002) against 0001's EXECUTE readers on the same
+    rows: the same text, JSON and urlencoding, column for column."""
+    sql.execute(JSON_TEXT_TABLE.format(extra=""))
+    for row in JSON_TEXT_ROWS[:3]:
+        sql.execute(row)
+    sql.execute("SELECT set_config('timezone', %s, false), set_config('DateStyle', %s, false)", (zone, style))
+    cols = "ARRAY(SELECT attname::text FROM pg_attribute WHERE attrelid = 'cdc'::regclass AND attnum > 0 ORDER BY attnum)"
+    types = ("ARRAY(SELECT atttypid::regtype FROM pg_attribute WHERE attrelid = 'cdc'::regclass AND attnum > 0 "
+             "ORDER BY attnum)")
+    skipped = "array_fill(false, ARRAY[25])"
+    compared = sql.execute(
+        f"SELECT pgq._row_values({cols}, {types}, w), pgq._row_text({cols}, w), "
+        f"pgq._encode_row('logu', {cols}, {types}, {skipped}, w), pgq._encode('logu', {cols}, {skipped}, "
+        f"pgq._row_text({cols}, w)), pgq._encode_row('json', {cols}, {types}, {skipped}, w), "
+        f"pgq._encode('json', {cols}, {skipped}, pgq._row_json({cols}, {types}, w)) FROM cdc w ORDER BY id").fetchall()
+    assert len(compared) == 3
+    for fast_text, text, fast_logu, logu, fast_json, json in compared:
+        assert (fast_text, fast_logu, fast_json) == (text, logu, json)
 
 
 def test_cdc_triggers_without_primary_key(db, real_pgq):
@@ -570,4 +676,4 @@ def test_install_is_recorded_and_refused_next_to_real_pgq(real_pgq):
 
     with pytest.raises(errors.SchemaMismatch, match="pgq extension is installed"):
         asyncio.run(attempt())
-    assert [m.label for m in migrate.migrations("pgq")] == ["pgq/0001_pgq"]
+    assert [m.label for m in migrate.migrations("pgq")][:2] == ["pgq/0001_pgq", "pgq/0002_static_appends"]

@@ -40,3 +40,33 @@ async def test_fifo_group_scan_uses_the_group_index(conn):
     plan = await _plan(conn, """SELECT min(m.id) FROM conveyor.messages m
                                  WHERE m.queue_id = 1 AND m.group_id = 'g7'""")
     assert "messages_group_idx" in plan
+
+
+async def _index_tuples_read(conn) -> int:
+    cur = await conn.execute("SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::bigint FROM pg_index "
+                             "WHERE indrelid = 'conveyor.messages'::regclass")
+    return (await cur.fetchone())[0]
+
+
+async def test_message_calls_read_their_rows_only_on_a_queue_the_statistics_have_not_seen(conn):
+    """Statistics taken before a queue existed estimate it at one row; planned with the
+    call's values (custom plans), a receive, a delete by receipt or by id, an archive and
+    a pop then read the whole queue's index range (migration 0015). Counted in one
+    transaction: the index entries the calls read, against the 3000 messages queued."""
+    await queues.create(conn, "known")
+    await conn.execute("SELECT count(*) FROM conveyor.message_send_batch('known', array_fill('x'::text, ARRAY[50]))")
+    await conn.execute("ANALYZE conveyor.messages")
+    await queues.create(conn, "fresh")
+    await conn.execute("SELECT count(*) FROM conveyor.message_send_batch('fresh', array_fill('x'::text, ARRAY[3000]))")
+    async with conn.transaction():
+        before = await _index_tuples_read(conn)
+        for _ in range(6):  # past the five custom plans PostgreSQL tries first
+            cur = await conn.execute("SELECT id, receive_count FROM conveyor.message_receive('fresh', 30, 2)")
+            (first, count), (second, _) = await cur.fetchall()
+            await conn.execute("SELECT conveyor.message_delete('fresh', ARRAY[%s]::bigint[], ARRAY[%s]::integer[])",
+                               (first, count))
+            await conn.execute("SELECT conveyor.message_archive('fresh', %s::bigint)", (second,))
+            await conn.execute("SELECT conveyor.message_delete('fresh', %s::bigint)", (second + 1000,))
+            await conn.execute("SELECT * FROM conveyor.message_pop('fresh')")
+        read = await _index_tuples_read(conn) - before
+    assert read < 600, f"{read} index entries read for 30 calls on a queue of 3000 messages"

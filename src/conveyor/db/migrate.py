@@ -6,6 +6,10 @@ one file that installs the schema from ``psql`` alone, recording the versions so
 later ``conveyor db migrate`` knows where it stands.
 
 Migrations are append-only once released: a changed function goes in a new migration.
+Numbers increase but may leave gaps (work developed in parallel takes numbers ahead of
+time and lands in any order); a database is migrated in number order only, so one that
+already has a migration numbered above a missing one is refused rather than given the
+missing one late (``errors.SchemaMismatch``: the later one may redefine what it defines).
 Each applied migration's SHA-256 is recorded, and ``migrate`` and ``verify`` refuse a
 database whose recorded migration differs from this build's file of the same number
 (``errors.SchemaMismatch``): it was migrated by a build whose migration said something
@@ -99,9 +103,20 @@ def migrations(dialect: str | None = None) -> list[Migration]:
             found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8"), dialect))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
+        raise RuntimeError(f"migrations must have distinct numbers from 1 up, found {versions}")
     return found
+
+
+def _refuse_out_of_order(pending: Migration, applied: set[int]) -> None:
+    """A migration is applied only while nothing numbered above it is (see the module's
+    docstring)."""
+    later = sorted(v for v in applied if v > pending.version)
+    if later:
+        raise errors.SchemaMismatch(
+            f"migration {pending.label} is not applied to this database but later ones are ({later[0]:04d}...): "
+            "it was migrated by a build that did not have this migration. Migrations apply in number order only; "
+            "recreate the database (or restore it from one migrated in order) with this build.")
 
 
 def parse_dialects(value: str | None) -> tuple[str, ...]:
@@ -201,6 +216,7 @@ async def _migrate_dialect(conn: execute.Connection, dialect: str, applied: dict
                 await conn.execute("UPDATE conveyor.dialect_migrations SET checksum = %s "
                                    "WHERE dialect = %s AND version = %s", (m.checksum, dialect, m.version))
             continue
+        _refuse_out_of_order(m, set(applied))
         await conn.execute(m.sql)
         await conn.execute("INSERT INTO conveyor.dialect_migrations (dialect, version, name, checksum) "
                            "VALUES (%s, %s, %s, %s)", (dialect, m.version, m.name, m.checksum))
@@ -226,6 +242,7 @@ async def migrate(conn: execute.Connection, *, accept_checksums: bool = False,
             for migration in migrations():
                 if migration.version in applied:
                     continue
+                _refuse_out_of_order(migration, set(applied))
                 await conn.execute(migration.sql)
                 await conn.execute(
                     "INSERT INTO conveyor.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
@@ -266,6 +283,14 @@ async def status(conn: execute.Connection) -> list[MigrationStatus]:
             for m in migrations()]
 
 
+def _bundle_order_check(table: str, where: str, m: Migration) -> str:
+    """The bundle's form of ``_refuse_out_of_order``: stop before a migration numbered
+    below one the database already has."""
+    return (f"DO $order$ BEGIN IF EXISTS (SELECT 1 FROM {table} WHERE {where} AND version > {m.version}) THEN "
+            f"RAISE EXCEPTION 'migration {m.label} is not applied but later ones are: migrations apply in number "
+            "order only; recreate the database with this build'; END IF; END $order$;")
+
+
 def bundle(dialects: tuple[str, ...] = ()) -> str:
     """Every migration (and those of ``dialects``) as one psql script that installs the
     schema on an empty database and is safe to run again: each migration runs only if its
@@ -285,6 +310,7 @@ def bundle(dialects: tuple[str, ...] = ()) -> str:
             "SELECT NOT EXISTS (SELECT 1 FROM conveyor.schema_migrations "
             f"WHERE version = {m.version}) AS conveyor_apply \\gset",
             "\\if :conveyor_apply",
+            _bundle_order_check("conveyor.schema_migrations", "true", m),
             m.sql.rstrip(),
             "INSERT INTO conveyor.schema_migrations (version, name, checksum) "
             f"VALUES ({m.version}, '{m.name}', '{m.checksum}');",
@@ -299,6 +325,7 @@ def bundle(dialects: tuple[str, ...] = ()) -> str:
                 "SELECT NOT EXISTS (SELECT 1 FROM conveyor.dialect_migrations "
                 f"WHERE dialect = '{dialect}' AND version = {m.version}) AS conveyor_apply \\gset",
                 "\\if :conveyor_apply",
+                _bundle_order_check("conveyor.dialect_migrations", f"dialect = '{dialect}'", m),
                 m.sql.rstrip(),
                 "INSERT INTO conveyor.dialect_migrations (dialect, version, name, checksum) "
                 f"VALUES ('{dialect}', {m.version}, '{m.name}', '{m.checksum}');",
