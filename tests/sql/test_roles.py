@@ -53,6 +53,18 @@ async def test_reader_can_look_but_not_send_or_receive(conn):
         await conn.execute("DELETE FROM conveyor.messages")
 
 
+async def test_reader_reads_the_tables_of_every_kind_of_queue_but_not_the_secrets(conn):
+    """What conveyor_reader may SELECT: messages of plain and partitioned queues (0016),
+    never the signing secrets."""
+    await _as(conn, "conveyor_reader")
+    for table in ("conveyor.messages", "conveyor.archive", "conveyor.partition_messages", "conveyor.partitions",
+                  "conveyor.stream_events", "conveyor.stream_dead_letters"):
+        await conn.execute(f"SELECT count(*) FROM {table}")
+    cur = await conn.execute("SELECT has_table_privilege('conveyor_reader', c.oid, 'SELECT') FROM pg_class c "
+                             "WHERE c.oid = 'conveyor.secrets'::regclass")
+    assert await cur.fetchone() == (False,)
+
+
 async def test_writer_can_send_and_receive_but_not_drop_or_purge(conn):
     await queues.create(conn, "jobs")
     await _as(conn, "conveyor_writer")
