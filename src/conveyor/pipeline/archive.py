@@ -19,7 +19,8 @@ Files that no commit lists (a failed, killed or speculative task attempt's, or t
 a micro-batch whose driver died before its commit) are invisible to every Delta reader.
 Their names carry the run and the micro-batch id, and they are deleted once that
 micro-batch is in the table: right after its commit, or when its replay is skipped.
-Files of a run whose checkpoint was thrown away before it replayed are only removed by
+Files of a run whose checkpoint was thrown away before it replayed, or finished after the
+sweep by an attempt Spark had given up on, are only removed by
 ``DeltaTable.vacuum(full=True)`` (delta-rs), which deletes unlisted files past a
 retention period.
 

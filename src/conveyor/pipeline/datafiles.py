@@ -72,7 +72,11 @@ def with_date(data: pa.RecordBatch, column: str) -> pa.RecordBatch:
 def _by_date(batch: pa.RecordBatch) -> Iterator[tuple[str | None, pa.RecordBatch]]:
     dates = batch.column(PARTITION)
     rest = batch.drop_columns([PARTITION])
-    for day in pc.unique(dates).to_pylist():
+    days = pc.unique(dates).to_pylist()
+    if len(days) == 1:  # the usual case: no copy
+        yield (None if days[0] is None else days[0].isoformat()), rest
+        return
+    for day in days:
         mask = pc.is_null(dates) if day is None else pc.equal(dates, pa.scalar(day, pa.date32()))
         yield (None if day is None else day.isoformat()), rest.filter(mask)
 
