@@ -1,30 +1,49 @@
-"""Archive throughput: `conveyor pipeline archive` (Spark, local[1] and local[2]) beside a
-plain single-process export of the same rows, in one run against the same PostgreSQL.
+"""Archive throughput and driver memory: `conveyor pipeline archive` (Spark) at local[1],
+local[2] and on a standalone cluster, beside a plain single-process export of the same
+rows, in one run against the same PostgreSQL; and the driver's peak memory against the
+micro-batch size.
 
-    ./bin/bench pipeline_bench.py [--rows 200000] [--masters local[1] local[2]] [--repeat 1]
+    ./bin/bench pipeline_bench.py [--rows 200000] [--max-events 100000] [--repeat 3]
+                                  [--sizes 10000 100000 400000] [--no-cluster]
 
-Rows: a stream of --rows events (100-byte payloads) appended and ticked up front.
-Columns:
-  spark local[N]   ArchiveJob --once from the stream's first tick into a fresh Delta table
-                   (read through the conveyor data source, committed by delta-rs on the
-                   driver); timed from the query's start to its end, JVM start excluded
-                   (shown apart), so the first micro-batch's Python worker start is in it
+Throughput: a stream of --rows events (100-byte payloads), a tick every 10,000 events
+(a micro-batch is made of whole ticks, so --max-events can split it).
+  spark local[N] / cluster   ArchiveJob --once from the stream's first tick into a fresh
+                   Delta table, as a new consumer, --max-events per micro-batch; timed
+                   from the query's start to its end (JVM start excluded, shown apart), so
+                   the first micro-batch's Python worker start is in it. --repeat runs in
+                   one Spark session (a child process per master), median quoted.
+  cluster          a standalone master and two one-core workers (512 MB executors) started
+                   here from the installed PySpark on loopback, as tests/spark/test_cluster.py
+                   does, and stopped at the end
   copy + parquet   one process: psycopg COPY (SELECT ...) TO STDOUT as CSV, parsed by
-                   pyarrow and written as one Parquet file: the one-machine baseline
-Each Spark column runs in a child process of its own (one master per JVM). Everything is
-bounded: --rows at most 2,000,000, each child at most --timeout seconds.
+                   pyarrow and written as one Parquet file: the floor any archiver must beat
+Memory: for each of --sizes in increasing order, a stream of exactly that many events
+archived as one micro-batch (local[2], and on the cluster: in the same child process,
+before its throughput runs); after each, the peak resident set so far (VmHWM) of the
+driver's Python process and of its JVM: the most any micro-batch up to that size needed.
+In local mode the JVM also runs the tasks; on the cluster it is the driver alone. Run
+with PYTHONPATH pointing at another source tree to measure that version of the archive.
+Everything is bounded: --rows and --sizes at most 2,000,000, each child at most --timeout
+seconds, the cluster's start at 60 s.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import io
 import json
+import os
+import resource
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -32,33 +51,39 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from queue_bench import fresh_database
+from sqs_bench import create_database, drop_database
 
 STREAM = "bench"
 PAYLOAD = "x" * 100
+TICK_EVERY = 10_000
+CLUSTER_CONF = {"spark.executor.memory": "512m", "spark.cores.max": "2", "spark.sql.shuffle.partitions": "2",
+                "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                "spark.ui.enabled": "false"}
 
 
-
-def fill(dsn: str, rows: int) -> None:
+def fill(dsn: str, stream: str, rows: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT conveyor.stream_create(%s, '{\"ticker_paused\": true}')", (STREAM,))
+        conn.execute("SELECT conveyor.stream_create(%s, '{\"ticker_paused\": true}')", (stream,))
         done = 0
         while done < rows:
-            n = min(10_000, rows - done)
+            n = min(TICK_EVERY, rows - done)
             conn.execute("SELECT count(*) FROM conveyor.stream_send_batch(%s, 'bench', array_fill(%s::text, ARRAY[%s]))",
-                         (STREAM, PAYLOAD, n))
+                         (stream, PAYLOAD, n))
+            conn.execute("SELECT conveyor.stream_force_tick(%s)", (stream,))
             done += n
-        conn.execute("SELECT conveyor.stream_force_tick(%s)", (STREAM,))
 
 
 def baseline(dsn: str, target: Path) -> tuple[int, float]:
-    """COPY the stream's events out as CSV, parse with pyarrow, write Parquet."""
+    """COPY the throughput stream's events out as CSV, parse with pyarrow, write Parquet."""
     started = time.perf_counter()
     buf = io.BytesIO()
-    with psycopg.connect(dsn) as conn, conn.cursor() as cur, cur.copy(
-            "COPY (SELECT ev_id, ev_type, ev_data, ev_time FROM conveyor.stream_events) TO STDOUT (FORMAT csv)") as copy:
-        for chunk in copy:
-            buf.write(chunk)
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        # a stream's events are in conveyor.stream_<its id> (the parent of its tables)
+        sid = int(cur.execute("SELECT id FROM conveyor.streams WHERE name = %s", (STREAM,)).fetchone()[0])
+        with cur.copy(f"COPY (SELECT ev_id, ev_type, ev_data, ev_time FROM conveyor.stream_{sid}) "
+                      "TO STDOUT (FORMAT csv)") as copy:
+            for chunk in copy:
+                buf.write(chunk)
     buf.seek(0)
     table = pacsv.read_csv(buf, read_options=pacsv.ReadOptions(column_names=["id", "type", "payload", "created_at"]),
                            convert_options=pacsv.ConvertOptions(column_types={"created_at": pa.timestamp("us", "UTC")}))
@@ -66,61 +91,204 @@ def baseline(dsn: str, target: Path) -> tuple[int, float]:
     return table.num_rows, time.perf_counter() - started
 
 
-def spark_child(master: str, dsn: str, path: str, consumer: str) -> None:
-    """In a child process: one archive run; prints JSON."""
+# -- in a child process: one Spark session ---------------------------------------------------
+
+def peak_kb(pid: int) -> int:
+    """A process's peak resident set (VmHWM), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def jvm_pid() -> int:
+    """The driver's JVM: this process's child running java (spark-submit execs into it)."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[1] == me and "java" in (stat.parent / "comm").read_text():
+                return int(stat.parent.name)
+    raise RuntimeError("no JVM child found")
+
+
+def archive_once(spark: object, dsn: str, work: str, stream: str, max_events: int) -> dict:
+    """One archive of the whole stream into a fresh table, as a new consumer."""
+    from conveyor.pipeline import archive
+
+    name = uuid.uuid4().hex[:8]
+    result = archive.run(spark, archive.ArchiveJob(dsn=dsn, path=Path(work) / f"lake-{name}", stream=stream,
+                                                   consumer=f"bench-{name}", starting_position="earliest",
+                                                   max_events=max_events))
+    return {"rows": result.rows, "seconds": result.seconds, "batches": result.batches}
+
+
+def peaks() -> dict[str, int]:
+    return {"python_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "jvm_peak_kb": peak_kb(jvm_pid())}
+
+
+def spark_child(master: str, dsn: str, work: str, sizes: list[int], max_events: int, repeat: int) -> None:
+    """In a child process, one Spark session: first the memory sweep (for each size, in
+    increasing order, one micro-batch of that many events, then the peaks so far: each
+    is the most any micro-batch up to that size needed), then ``repeat`` archives of the
+    throughput stream. Prints JSON."""
     started = time.perf_counter()
-    from conveyor.pipeline import archive, session
+    from conveyor.pipeline import session
 
-    spark = session.build(master)
+    spark = session.build(master, {} if master.startswith("local") else CLUSTER_CONF)
     jvm = time.perf_counter() - started
-    result = archive.run(spark, archive.ArchiveJob(dsn=dsn, path=Path(path), stream=STREAM, consumer=consumer,
-                                                   starting_position="earliest", max_events=1_000_000))
+    sweep = [{"size": size, **archive_once(spark, dsn, work, sweep_stream(size), size), **peaks()}
+             for size in sorted(sizes)]
+    runs = [archive_once(spark, dsn, work, STREAM, max_events) for _ in range(repeat)]
     spark.stop()
-    print(json.dumps({"rows": result.rows, "seconds": result.seconds, "jvm_seconds": jvm,
-                      "batches": result.batches}))
+    print(json.dumps({"sweep": sweep, "runs": runs, "jvm_seconds": jvm}))
 
 
-def run_spark(master: str, dsn: str, work: Path, n: int, timeout: float) -> dict[str, float]:
-    path = work / f"lake-{master.removeprefix('local[').removesuffix(']')}-{n}"
-    proc = subprocess.run([sys.executable, __file__, "--child", master, dsn, str(path), f"bench-{path.name}"],
-                          capture_output=True, text=True, timeout=timeout)
+def run_spark(master: str, dsn: str, work: Path, sizes: list[int], max_events: int, repeat: int,
+              timeout: float) -> dict:
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.run([sys.executable, __file__, "--child", master, dsn, str(work),
+                           ",".join(str(s) for s in sizes), str(max_events), str(repeat)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{master} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# -- a standalone cluster on loopback ---------------------------------------------------------
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the Spark {what} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the Spark {what} did not listen on {port} within {timeout} s")
+
+
+@contextlib.contextmanager
+def standalone(tmp: Path, workers: int = 2) -> Iterator[str]:
+    """``spark://127.0.0.1:<port>``: a master and ``workers`` one-core workers (separate
+    JVMs, as in tests/spark/test_cluster.py), terminated on the way out."""
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    spark_class = str(home / "bin" / "spark-class")
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(tmp),
+           "SPARK_WORKER_DIR": str(tmp / "work"), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
+    port = _port()
+    logs = [open(tmp / name, "wb") for name in ("master.log", *(f"worker-{n}.log" for n in range(workers)))]  # noqa: SIM115
+    procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(port), "--webui-port", str(_port())], env=env,
+                              stdout=logs[0], stderr=subprocess.STDOUT)]
+    try:
+        _wait_port(port, procs[0], "master")
+        url = f"spark://127.0.0.1:{port}"
+        for n in range(workers):
+            web = _port()
+            procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host",
+                                           "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port", str(web),
+                                           "--work-dir", str(tmp / f"work-{n}")], env=env,
+                                          stdout=logs[n + 1], stderr=subprocess.STDOUT))
+            _wait_port(web, procs[-1], f"worker {n}")
+        deadline = time.monotonic() + 60
+        while (tmp / "master.log").read_text(errors="replace").count("Registering worker") < workers:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the workers did not register with the master")
+            time.sleep(0.2)
+        yield url
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for log in logs:
+            log.close()
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+def sweep_stream(size: int) -> str:
+    return f"sweep_{size}"
+
+
+def report(rows: int, max_events: int, repeat: int, results: dict[str, dict], copies: list[tuple[int, float]]) -> None:
+    print(f"\narchive of {rows:,} stream events (100-byte payloads), {max_events:,} per micro-batch, "
+          f"median of {repeat} run(s)")
+    print(f"{'':18}{'rows':>10}{'seconds':>9}{'rows/s':>10}{'JVM start s':>13}")
+    for master, result in results.items():
+        seconds = statistics.median(r["seconds"] for r in result["runs"])
+        got = result["runs"][0]["rows"]
+        print(f"{'spark ' + master:18}{got:>10,}{seconds:>9.2f}{got / seconds:>10,.0f}{result['jvm_seconds']:>13.1f}")
+        if any(r["rows"] != rows for r in result["runs"]):
+            print(f"  !! spark {master} archived {[r['rows'] for r in result['runs']]} rows, expected {rows:,}")
+    got, seconds = sorted(copies, key=lambda c: c[1])[len(copies) // 2]
+    print(f"{'copy + parquet':18}{got:>10,}{seconds:>9.2f}{got / seconds:>10,.0f}{'-':>13}")
+    print("\ndriver peak resident memory (MiB) after one micro-batch of N events (sizes in increasing order)")
+    print(f"{'':18}{'N':>10}{'Python':>9}{'JVM':>9}{'seconds':>9}{'rows/s':>10}")
+    for master, result in results.items():
+        for point in result["sweep"]:
+            print(f"{'spark ' + master:18}{point['size']:>10,}{point['python_peak_kb'] / 1024:>9,.0f}"
+                  f"{point['jvm_peak_kb'] / 1024:>9,.0f}{point['seconds']:>9.2f}"
+                  f"{point['rows'] / point['seconds']:>10,.0f}")
+            if point["rows"] != point["size"] or point["batches"] != 1:
+                print(f"  !! {point['rows']:,} rows in {point['batches']} micro-batches, expected one of {point['size']:,}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--masters", nargs="+", default=["local[1]", "local[2]"])
-    parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--child", nargs=4, metavar=("MASTER", "DSN", "PATH", "CONSUMER"), help=argparse.SUPPRESS)
+    parser.add_argument("--max-events", type=int, default=100_000, help="micro-batch size for the throughput runs")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000, 400_000],
+                        help="micro-batch sizes for the memory sweep (local[2] and the cluster)")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the standalone cluster")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--child", nargs=6, metavar=("MASTER", "DSN", "WORK", "SIZES", "MAX_EVENTS", "REPEAT"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        spark_child(*args.child)
+        master, dsn, work, sizes, max_events, repeat = args.child
+        spark_child(master, dsn, work, [int(s) for s in sizes.split(",") if s], int(max_events), int(repeat))
         return
     rows = max(1, min(args.rows, 2_000_000))
-    dsn = asyncio.run(fresh_database("conveyor_bench_pipeline"))
-    print(f"filling stream {STREAM!r} with {rows:,} events ...", file=sys.stderr)
-    fill(dsn, rows)
-    results: dict[str, list[tuple[int, float, float]]] = {}
-    with tempfile.TemporaryDirectory(prefix="conveyor-pipeline-bench-") as tmp:
-        work = Path(tmp)
-        for n in range(args.repeat):
-            for master in args.masters:
-                r = run_spark(master, dsn, work, n, args.timeout)
-                results.setdefault(f"spark {master}", []).append((r["rows"], r["seconds"], r["jvm_seconds"]))
-            got, seconds = baseline(dsn, work / f"baseline-{n}.parquet")
-            results.setdefault("copy + parquet", []).append((got, seconds, 0.0))
-    print(f"\narchive of {rows:,} stream events (100-byte payloads), median of {args.repeat} run(s)")
-    print(f"{'':18}{'rows':>10}{'seconds':>10}{'rows/s':>12}{'JVM start s':>13}")
-    for name, runs in results.items():
-        runs.sort(key=lambda r: r[1])
-        got, seconds, jvm = runs[len(runs) // 2]
-        print(f"{name:18}{got:>10,}{seconds:>10.2f}{got / seconds:>12,.0f}{jvm:>13.1f}")
-        if got != rows:
-            print(f"  !! {name} archived {got:,} rows, expected {rows:,}")
+    sizes = [max(1, min(size, 2_000_000)) for size in args.sizes]
+    database = f"conveyor_bench_archive_{uuid.uuid4().hex[:8]}"
+    dsn = create_database(database, migrated=True)
+    results: dict[str, dict] = {}
+    try:
+        print(f"filling stream {STREAM!r} with {rows:,} events, and one stream per size {sizes} ...", file=sys.stderr)
+        fill(dsn, STREAM, rows)
+        for size in sizes:
+            fill(dsn, sweep_stream(size), size)
+        with tempfile.TemporaryDirectory(prefix="conveyor-pipeline-bench-") as tmp:
+            work = Path(tmp)
+            copies = [baseline(dsn, work / f"baseline-{n}.parquet") for n in range(args.repeat)]
+            plan = [("local[1]", "local[1]", []), ("local[2]", "local[2]", sizes)]
+            for label, master, sweep in plan:
+                print(f"spark {label} ...", file=sys.stderr)
+                results[label] = run_spark(master, dsn, work, sweep, args.max_events, args.repeat, args.timeout)
+            if not args.no_cluster:
+                (work / "cluster").mkdir()
+                with standalone(work / "cluster") as url:
+                    print("spark cluster ...", file=sys.stderr)
+                    results["cluster"] = run_spark(url, dsn, work, sizes, args.max_events, args.repeat, args.timeout)
+    finally:
+        drop_database(database)
+    report(rows, args.max_events, args.repeat, results, copies)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""``conveyor pipeline archive``: incremental, exactly once across runs and across a
-killed driver, as seen by a reader that is not Spark (delta-rs to pyarrow, and pyarrow
-reading exactly the Parquet files the Delta log lists)."""
+"""``conveyor pipeline archive``: incremental, exactly once across runs, a killed driver
+and killed task attempts, as seen by a reader that is not Spark (delta-rs to pyarrow, and
+pyarrow reading exactly the Parquet files the Delta log lists); the rows go from the
+tasks to the table, never through the driver."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import signal
@@ -15,9 +17,13 @@ import time
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+import pytest
+from deltalake import DeltaTable, write_deltalake
 
+from conveyor import errors
 from conveyor.pipeline import archive
 from spark.helpers import append, sql, tick
 
@@ -136,3 +142,103 @@ def test_a_killed_driver_loses_and_repeats_nothing(dsn, tmp_path):
     assert len(ids) == len(set(ids)), "an event was archived twice"
     assert sorted(ids) == sorted(sent), "an event was lost"
     assert len(sent) > 300
+
+
+def _listed(path: Path) -> set[str]:
+    """The files the table's log lists, relative to the table."""
+    return {uri.removeprefix("file://").removeprefix(f"{path}/") for uri in DeltaTable(str(path)).file_uris()}
+
+
+def _on_disk(path: Path) -> set[str]:
+    return {p.relative_to(path).as_posix() for p in path.glob("date=*/*.parquet")}
+
+
+def test_a_killed_task_attempt_leaves_nothing_in_the_table(dsn, tmp_path):
+    sql(dsn, "SELECT conveyor.queue_create('jobs')")
+    sql(dsn, "SELECT conveyor.message_send_batch('jobs', array(SELECT 'job ' || i FROM generate_series(1, 400) i))")
+    sql(dsn, "SELECT conveyor.message_archive('jobs', array(SELECT i::bigint FROM generate_series(1, 400) i))")
+    lake = tmp_path / "jobs"
+    common = ["--queue", "jobs", "--path", str(lake), "--once", "--json", "--partitions", "2"]
+    # run 1: the first attempt of both tasks of micro-batch 0 is SIGKILLed once it has
+    # written its file (Spark retries the task: local[2,3]); then the driver is killed right
+    # after the commit, before it could delete anything
+    run1 = _cli([*common, "--master", "local[2,3]"], dsn, CONVEYOR_PIPELINE_FAULT="kill-task:0,kill-after-commit:0")
+    _, err1 = run1.communicate(timeout=180)
+    assert run1.returncode == -signal.SIGKILL, err1[-2000:]
+    _kill_group(run1)
+    listed, on_disk = _listed(lake), _on_disk(lake)
+    stray = on_disk - listed
+    assert len(listed) == 2 and len(stray) == 2, (listed, on_disk)  # a file per killed attempt, not in the log
+    assert sorted(_ids(lake)) == list(range(1, 401))  # every reader sees each row once
+    # run 2 replays micro-batch 0: already in the table, so skipped, and its stray files go
+    run2 = _cli([*common, "--master", "local[2]"], dsn)
+    out2, err2 = run2.communicate(timeout=180)
+    assert run2.returncode == 0, err2[-2000:]
+    done = json.loads(out2)
+    assert (done["replayed_batches_skipped"], done["stray_files_removed"], done["rows"]) == (1, 2, 0), done
+    assert _on_disk(lake) == _listed(lake) == listed
+    assert sorted(_ids(lake)) == list(range(1, 401))
+
+
+def test_the_driver_collects_descriptions_of_files_not_rows(dsn, tmp_path):
+    """A micro-batch of about 12 MB archives with the driver allowed 1 MB of task results
+    (spark.driver.maxResultSize): the tasks hand back descriptions of the files they
+    wrote, not rows. Collecting the micro-batch to the driver (as before) fails here."""
+    sql(dsn, "SELECT conveyor.stream_create('big')")
+    sql(dsn, "SELECT count(*) FROM conveyor.stream_send_batch('big', 'default', "
+             "array(SELECT md5(i::text) || repeat('x', 568) FROM generate_series(1, 20000) i))")
+    tick(dsn, "big")
+    lake = tmp_path / "big"
+    run = _cli(["--stream", "big", "--path", str(lake), "--once", "--json", "--master", "local[2]",
+                "--max-events", "100000", "--conf", "spark.driver.maxResultSize=1m"], dsn)
+    out, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err[-3000:]
+    done = json.loads(out)
+    assert (done["batches"], done["rows"], done["files"]) == (1, 20_000, 4), done
+    assert len(set(_ids(lake))) == 20_000
+
+
+def _as_the_driver_wrote_it(spark, dsn, path: Path, date_from: str, **source: str) -> None:
+    """The rows, collected to the driver and written by delta-rs, as the archive did
+    before its tasks wrote the files (issue 18)."""
+    reader = spark.read.format("conveyor").option("dsn", dsn)
+    for key, value in source.items():
+        reader = reader.option(key, value)
+    data = reader.load().toArrow()
+    if "stream" in source:
+        stamp = pa.array([dt.datetime.now(dt.UTC)] * data.num_rows, pa.timestamp("us", tz="UTC"))
+        data = data.append_column("archived_at", stamp)
+    data = data.append_column("date", pc.cast(data.column(date_from), pa.date32()))
+    write_deltalake(str(path), data, mode="append", partition_by=["date"])
+
+
+def test_the_tables_read_as_they_did_and_take_on_where_the_driver_left_off(spark, dsn, tmp_path):
+    sql(dsn, "SELECT conveyor.queue_create('jobs')")
+    sql(dsn, "SELECT conveyor.message_send_batch('jobs', array(SELECT 'job ' || i FROM generate_series(1, 60) i))")
+    sql(dsn, "SELECT conveyor.message_archive('jobs', array(SELECT i::bigint FROM generate_series(1, 40) i))")
+    sql(dsn, "SELECT conveyor.stream_create('orders')")
+    append(dsn, "orders", [f"order {i}" for i in range(30)])
+    tick(dsn, "orders")
+    sources = {"jobs": ({"queue": "jobs"}, {"queue": "jobs", "kind": "archive"}, "archived_at"),
+               "orders": ({"stream": "orders"}, {"stream": "orders"}, "created_at")}
+    for name, (job_source, read_source, date_from) in sources.items():
+        new, old = tmp_path / "new" / name, tmp_path / "old" / name
+        assert archive.run(spark, archive.ArchiveJob(dsn=dsn, path=new, **job_source)).rows in (40, 30)
+        _as_the_driver_wrote_it(spark, dsn, old, date_from, **read_source)
+        written, before = DeltaTable(str(new)), DeltaTable(str(old))
+        assert written.schema() == before.schema()
+        assert written.to_pyarrow_table().schema == before.to_pyarrow_table().schema
+        assert written.metadata().partition_columns == before.metadata().partition_columns == ["date"]
+        assert written.protocol() == before.protocol()
+        # a table the driver wrote takes the tasks' files (a new checkpoint and consumer:
+        # every row again)
+        again = archive.run(spark, archive.ArchiveJob(dsn=dsn, path=old, checkpoint=tmp_path / f"cp-{name}",
+                                                      consumer="again", **job_source))
+        after = DeltaTable(str(old))
+        assert after.schema() == before.schema() and after.to_pyarrow_table().num_rows == 2 * again.rows > 0
+    # a table of another shape is refused, and nothing is committed to it
+    version = DeltaTable(str(tmp_path / "new" / "orders")).version()
+    with pytest.raises(errors.InvalidInput, match="holds other columns"):
+        archive.run(spark, archive.ArchiveJob(dsn=dsn, path=tmp_path / "new" / "orders", queue="jobs",
+                                              checkpoint=tmp_path / "cp-other"))
+    assert DeltaTable(str(tmp_path / "new" / "orders")).version() == version

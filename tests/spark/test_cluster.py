@@ -134,6 +134,11 @@ def test_archive_and_report_on_the_cluster_match_local_mode(cluster, spark, dsn,
         rows = {where: sorted(DeltaTable(str(where / name)).to_pyarrow_table(columns=["id"]).column("id").to_pylist())
                 for where in (on_cluster, local)}
         assert rows[on_cluster] == rows[local] and len(rows[local]) == len(set(rows[local]))
+        # the executors wrote the files: the same columns, and every file on disk is in the log
+        table = DeltaTable(str(on_cluster / name))
+        assert table.schema() == DeltaTable(str(local / name)).schema()
+        on_disk = {str(p) for p in (on_cluster / name).glob("date=*/*.parquet")}
+        assert on_disk == {uri.removeprefix("file://") for uri in table.file_uris()}
     assert _figures(report) == _figures(reports.build(spark, [local], dsn).to_json())
 
 

@@ -71,9 +71,10 @@ def archive(obj: Any, stream: str | None, queue: str | None, path: Path, consume
             conf: tuple[str, ...]) -> None:
     """Archive a stream or a queue's archive into a Delta table, exactly once.
 
-    Incremental: each run goes on where the last one stopped (the checkpoint). Every
-    micro-batch is one atomic Delta commit, so any reader (Spark, DuckDB, pyarrow) sees
-    each event once, even after a crash."""
+    Incremental: each run goes on where the last one stopped (the checkpoint). The Spark
+    tasks write the Parquet files; every micro-batch is one atomic Delta commit of the
+    files of its successful tasks, so any reader (Spark, DuckDB, pyarrow) sees each event
+    once, even after a crash."""
     if (stream is None) == (queue is None):
         raise click.UsageError("give exactly one of --stream and --queue")
     archive_mod, _, _, session = _modules()
@@ -99,7 +100,7 @@ def archive(obj: Any, stream: str | None, queue: str | None, path: Path, consume
             spark.stop()
     output.emit(
         {"source": job.source, "path": str(path), "batches": result.batches, "rows": result.rows,
-         "replayed_batches_skipped": result.skipped, "seconds": round(result.seconds, 3),
+         "files": result.files, "replayed_batches_skipped": result.skipped, "stray_files_removed": result.swept, "seconds": round(result.seconds, 3),
          "table_version": result.table_version, "end_offset": result.end_offset},
         obj.as_json,
         f"archived {result.rows:,} rows of {job.source} in {result.batches} micro-batch(es) "

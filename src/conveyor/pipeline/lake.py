@@ -1,25 +1,31 @@
-"""The lake: Delta tables written by delta-rs (the ``deltalake`` package), committed on
-the driver, so that every reader — Spark, DuckDB, pyarrow, delta-rs — sees a micro-batch
-entirely or not at all.
+"""The lake: Delta tables whose data files the Spark tasks write (pipeline.datafiles)
+and whose log the driver commits with delta-rs (the ``deltalake`` package), so that every
+reader — Spark, DuckDB, pyarrow, delta-rs — sees a micro-batch entirely or not at all.
 
-Each commit carries an application transaction (run id, micro-batch id): a micro-batch
-that Spark replays after a crash finds its id already committed and is skipped. Spark's
-own Parquet sink would leave the files of a failed attempt behind, hidden only from
-readers of Spark's metadata log; a Delta commit is one atomic rename of the log entry.
+The driver commits the files of a micro-batch's successful task attempts as **one**
+Delta commit (``add`` actions for files delta-rs did not write), carrying an
+application transaction (run id, micro-batch id): a micro-batch that Spark replays after
+a crash finds its id already committed and is skipped. A Delta commit is one atomic
+write of the next log entry; files it does not list — a failed attempt's, a half-written
+one — are never read. Spark's own Parquet sink would leave such files visible to every
+reader that is not Spark.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction, create_table_with_add_actions
 
-PARTITION = "date"
+from conveyor import errors
+from conveyor.pipeline import datafiles
+
+PARTITION = datafiles.PARTITION
 
 
 def open_table(path: str | Path) -> DeltaTable | None:
@@ -36,22 +42,42 @@ def committed(path: str | Path, run_id: str) -> int | None:
     return None if table is None else table.transaction_version(run_id)
 
 
-def with_date(data: pa.Table, column: str) -> pa.Table:
-    """Adds the partition column ``date``: the UTC day of ``column``."""
-    return data.append_column(PARTITION, pc.cast(data.column(column), pa.date32()))
+def table_schema(files: Sequence[datafiles.File]) -> pa.Schema:
+    """The table's schema for these files: theirs (all the same), then ``date``."""
+    schemas = {f.arrow_schema for f in files}
+    if len(schemas) != 1:
+        raise errors.InternalError(f"the files of one micro-batch have {len(schemas)} different schemas")
+    return files[0].schema().append(pa.field(PARTITION, pa.date32()))
 
 
-def commit(path: str | Path, data: pa.Table, run_id: str, batch_id: int, metadata: Mapping[str, Any]) -> bool:
-    """Appends ``data`` as micro-batch ``batch_id`` of ``run_id``, unless that batch is
-    already in the table (then False). One Delta commit: all of it or nothing."""
-    done = committed(path, run_id)
+def _add(file: datafiles.File) -> AddAction:
+    return AddAction(path=file.path, size=file.size, partition_values={PARTITION: file.date},
+                     modification_time=file.modified_ms, data_change=True, stats=file.stats)
+
+
+def commit_files(path: str | Path, files: Sequence[datafiles.File], run_id: str, batch_id: int,
+                 metadata: Mapping[str, Any]) -> bool:
+    """Commits ``files`` (written into the table's directory) as micro-batch ``batch_id``
+    of ``run_id``, unless that batch is already in the table (then False). One Delta
+    commit, which creates the table if there is none yet."""
+    table = open_table(path)
+    done = None if table is None else table.transaction_version(run_id)
     if done is not None and done >= batch_id:
         return False
-    write_deltalake(
-        str(path), data, mode="append", partition_by=[PARTITION],
-        commit_properties=CommitProperties(
-            custom_metadata={**metadata, "conveyor.run_id": run_id, "conveyor.batch_id": batch_id},
-            app_transactions=[Transaction(app_id=run_id, version=batch_id)]))
+    schema = Schema.from_arrow(table_schema(files))
+    properties = CommitProperties(
+        custom_metadata={**metadata, "conveyor.run_id": run_id, "conveyor.batch_id": batch_id},
+        app_transactions=[Transaction(app_id=run_id, version=batch_id)])
+    adds = [_add(f) for f in files]
+    if table is None:
+        create_table_with_add_actions(str(path), schema, adds, mode="error", partition_by=[PARTITION],
+                                      commit_properties=properties)
+        return True
+    if table.schema() != schema or table.metadata().partition_columns != [PARTITION]:
+        # delta-rs commits added files without checking them against the table
+        raise errors.InvalidInput(f"the table {path} holds other columns than this archive writes: "
+                                  "give each source a table of its own")
+    table.create_write_transaction(adds, "append", schema, partition_by=[PARTITION], commit_properties=properties)
     return True
 
 
@@ -71,3 +97,8 @@ def live_files(path: str | Path) -> list[str]:
     """The Parquet files of the table's current version (what a Delta reader reads)."""
     table = DeltaTable(str(path))
     return list(table.file_uris())
+
+
+def files(table: DeltaTable) -> set[str]:
+    """The table's current files, relative to its root (as the log lists them)."""
+    return set(pa.table(table.get_add_actions()).column("path").to_pylist())
