@@ -158,7 +158,7 @@ async def test_archive_and_pop_and_peek(conn):
 
 
 async def test_pop_returns_messages_as_their_claim_leaves_them(conn):
-    """A standard queue's pop deletes in one statement (migration 0015) and answers what
+    """A standard queue's pop deletes in one statement (migration 0014) and answers what
     claim-then-delete answered: the receive counted, the first receive time kept or set,
     the visibility the pop's time; with a redrive policy, a message past its receives goes
     to the dead-letter queue instead."""

@@ -51,7 +51,7 @@ async def _index_tuples_read(conn) -> int:
 async def test_message_calls_read_their_rows_only_on_a_queue_the_statistics_have_not_seen(conn):
     """Statistics taken before a queue existed estimate it at one row; planned with the
     call's values (custom plans), a receive, a delete by receipt or by id, an archive and
-    a pop then read the whole queue's index range (migration 0015). Counted in one
+    a pop then read the whole queue's index range (migration 0014). Counted in one
     transaction: the index entries the calls read, against the 3000 messages queued."""
     await queues.create(conn, "known")
     await conn.execute("SELECT count(*) FROM conveyor.message_send_batch('known', array_fill('x'::text, ARRAY[50]))")

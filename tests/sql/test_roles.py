@@ -54,7 +54,7 @@ async def test_reader_can_look_but_not_send_or_receive(conn):
 
 
 async def test_reader_reads_the_tables_of_every_kind_of_queue_but_not_the_secrets(conn):
-    """What conveyor_reader may SELECT: messages of plain and partitioned queues (0016),
+    """What conveyor_reader may SELECT: messages of plain and partitioned queues (0015),
     never the signing secrets."""
     await _as(conn, "conveyor_reader")
     for table in ("conveyor.messages", "conveyor.archive", "conveyor.partition_messages", "conveyor.partitions",

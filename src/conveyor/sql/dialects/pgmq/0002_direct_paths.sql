@@ -298,7 +298,7 @@ END $$;
 REVOKE ALL ON FUNCTION pgmq._q(text) FROM PUBLIC;
 
 -- Generic plans for the two functions with statements of their own on conveyor.messages,
--- as Conveyor's message functions have them (migration 0015 says why, and where it leaves
+-- as Conveyor's message functions have them (migration 0014 says why, and where it leaves
 -- them off): the same choice here, taken from the engine's.
 DO $$
 DECLARE

@@ -1,4 +1,4 @@
--- Conveyor 0015: the message functions keep one plan per statement (generic plans), and
+-- Conveyor 0014: the message functions keep one plan per statement (generic plans), and
 -- a pop of a standard queue is one DELETE.
 --
 -- PL/pgSQL keeps a statement's plan for the session, but by default PostgreSQL plans it

@@ -1,4 +1,4 @@
--- Conveyor 0016: conveyor_reader may read a partitioned queue's messages.
+-- Conveyor 0015: conveyor_reader may read a partitioned queue's messages.
 --
 -- Migration 0001 lets conveyor_reader read every table it made, queue messages included;
 -- migration 0009 granted it the partitioned queues' tables one by one and left out
