@@ -18,7 +18,7 @@ Rows, each the same SQL call on both (psycopg, one call per statement, autocommi
   archive        pgmq.archive(q, id)                     ids of a preloaded queue
 with each --clients level of concurrent connections. Every cell runs for at most
 --seconds and at most --max-ops calls; the two systems alternate cell by cell; the figure
-is the median of --repeat runs. Then, unless --no-pgbench, pgbench runs send and
+is the median of --repeat runs, the ratio the median of the runs' paired ratios. Then, unless --no-pgbench, pgbench runs send and
 read+archive scripts (prepared statements; send for --seconds, read+archive for --max-ops
 transactions, all finding a message) on both, as a check on the Python driver's overhead. The load generator shares the machine with PostgreSQL.
 With --synchronous-commit off (sessions' synchronous_commit, pgbench's too) a call's
@@ -233,10 +233,13 @@ async def main(args: argparse.Namespace, pgmq_sql_text: str) -> None:
     print()
     print(f"messages/s, median of {args.repeat} runs of at most {args.seconds:g}s / {args.max_ops} calls "
           f"(psycopg, one call per statement, synchronous_commit {args.synchronous_commit}; pgmq SQL: {args.pgmq_sql})")
+    print("(ratio: the median of each run's ratio, the two runs of a pair having been made one after the other)")
     print(f"{'operation':<26}{'conveyor dialect':>18}{'real pgmq':>12}{'ratio':>8}")
     for op, clients in itertools.product(OPS, args.clients):
-        ours, theirs = (statistics.median(runs[(op, clients, s)]) for s in SYSTEMS)
-        print(f"{op + f' x{clients} clients':<26}{ours:>18.0f}{theirs:>12.0f}{ours / theirs if theirs else 0:>8.2f}")
+        mine, real = (runs[(op, clients, s)] for s in SYSTEMS)
+        ratio = statistics.median(a / b for a, b in zip(mine, real, strict=True) if b)
+        print(f"{op + f' x{clients} clients':<26}{statistics.median(mine):>18.0f}{statistics.median(real):>12.0f}"
+              f"{ratio:>8.2f}")
     if bench_rows:
         print()
         print("pgbench, transactions/s (prepared statements, one call per transaction)")
