@@ -23,12 +23,17 @@ LANDED = {
     "0010_topic_fidelity": "fc59e63a98e1de50fcb7536871960eb2dc4b77dfb1822cb10d2d655ecf4498c3",
     "0011_spool": "3108e5e096b32715aaae1322fb9d42cf1792b6390e9590c5f8f6604fef38514a",
     "0012_dashboard_history": "88dae6ee1fb9e2c793a3bc035b15766f7d47c3afa3a8ac285dc32ecaba076558",
+    "0013_stream_trace": "dd9e6b078661022242797dab57a5f9eb91eb43cf377251ed94a38fcb04452d37",
+    "0014_message_plans_and_pop": "6a4a7186f8100fa70420c8af8e5cce50b790e82887878d9b11c2dab5b6feb0f3",
+    "0015_partition_messages_reader": "5c46799bd9a2477e931270a116568af764a868a4c6f33ba8a353ed231cf5f47c",
 }
 LANDED_DIALECTS = {
     "pgmq/0001_pgmq": "195c507c3cb8ffbf696f0e7ce0eeebae0dc276d992ae16c3adee2627344c276d",
     "pgque/0001_pgque": "ebbffd71c9a7344814ba3c6685cfe644e4077333b714c7a7f45e0a7384cec1c9",
     "pgq/0001_pgq": "42481a22ac53578fe8e4d02efc10001f45dc9ff4fb76014a94beab4351d87e6c",
     "hq/0001_hq": "d61519b3f2b29daff0254c0f1e46e0e7e126f082bd5b52a8ab34b1fca1e4a4cd",
+    "pgmq/0002_direct_paths": "6350f8672e3285d3bc5a340679cc3e3c4b37b09423ec63a78d4ee61b9073908e",
+    "pgq/0002_static_appends": "8463da272fd7447196292d034836d7c080dff14f06ffe5d75de963d22b04cd0a",
 }
 
 
