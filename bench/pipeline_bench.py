@@ -4,7 +4,8 @@ rows, in one run against the same PostgreSQL; and the driver's peak memory again
 micro-batch size.
 
     ./bin/bench pipeline_bench.py [--rows 200000] [--max-events 100000] [--repeat 3]
-                                  [--sizes 10000 100000 400000] [--no-cluster]
+                                  [--sizes 10000 100000 400000] [--small 1000] [--no-cluster]
+                                  [--tree before=/path/to/old/src --tree after=src]
 
 Throughput: a stream of --rows events (100-byte payloads), a tick every 10,000 events
 (a micro-batch is made of whole ticks, so --max-events can split it).
@@ -12,18 +13,22 @@ Throughput: a stream of --rows events (100-byte payloads), a tick every 10,000 e
                    Delta table, as a new consumer, --max-events per micro-batch; timed
                    from the query's start to its end (JVM start excluded, shown apart), so
                    the first micro-batch's Python worker start is in it. --repeat runs in
-                   one Spark session (a child process per master), median quoted.
+                   one Spark session (a child process per master and tree), median quoted.
   cluster          a standalone master and two one-core workers (512 MB executors) started
                    here from the installed PySpark on loopback, as tests/spark/test_cluster.py
                    does, and stopped at the end
   copy + parquet   one process: psycopg COPY (SELECT ...) TO STDOUT as CSV, parsed by
                    pyarrow and written as one Parquet file: the floor any archiver must beat
-Memory: for each of --sizes in increasing order, a stream of exactly that many events
-archived as one micro-batch (local[2], and on the cluster: in the same child process,
-before its throughput runs); after each, the peak resident set so far (VmHWM) of the
-driver's Python process and of its JVM: the most any micro-batch up to that size needed.
-In local mode the JVM also runs the tasks; on the cluster it is the driver alone. Run
-with PYTHONPATH pointing at another source tree to measure that version of the archive.
+Memory: for each of --sizes in increasing order, a stream of exactly that many events (a
+tick every --small events) archived as one micro-batch (local[2], and on the cluster, in
+the same child process, before its throughput runs); after each, the peak resident set so
+far (VmHWM) of the driver's Python process and of its JVM: the most any micro-batch up to
+that size needed. In local mode the JVM also runs the tasks; on the cluster it is the
+driver alone.
+Fixed cost: the smallest of --sizes again, in micro-batches of --small events, in the
+warm session (seconds per micro-batch).
+--tree LABEL=SRC runs the Spark children on that source tree (PYTHONPATH=SRC); given more
+than once, each master runs each tree in turn, side by side in one run (before/after).
 Everything is bounded: --rows and --sizes at most 2,000,000, each child at most --timeout
 seconds, the cluster's start at 60 s.
 """
@@ -61,12 +66,12 @@ CLUSTER_CONF = {"spark.executor.memory": "512m", "spark.cores.max": "2", "spark.
                 "spark.ui.enabled": "false"}
 
 
-def fill(dsn: str, stream: str, rows: int) -> None:
+def fill(dsn: str, stream: str, rows: int, tick_every: int = TICK_EVERY) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT conveyor.stream_create(%s, '{\"ticker_paused\": true}')", (stream,))
         done = 0
         while done < rows:
-            n = min(TICK_EVERY, rows - done)
+            n = min(tick_every, rows - done)
             conn.execute("SELECT count(*) FROM conveyor.stream_send_batch(%s, 'bench', array_fill(%s::text, ARRAY[%s]))",
                          (stream, PAYLOAD, n))
             conn.execute("SELECT conveyor.stream_force_tick(%s)", (stream,))
@@ -127,11 +132,13 @@ def peaks() -> dict[str, int]:
     return {"python_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "jvm_peak_kb": peak_kb(jvm_pid())}
 
 
-def spark_child(master: str, dsn: str, work: str, sizes: list[int], max_events: int, repeat: int) -> None:
+def spark_child(master: str, dsn: str, work: str, sizes: list[int], small: int, max_events: int,
+                repeat: int) -> None:
     """In a child process, one Spark session: first the memory sweep (for each size, in
     increasing order, one micro-batch of that many events, then the peaks so far: each
-    is the most any micro-batch up to that size needed), then ``repeat`` archives of the
-    throughput stream. Prints JSON."""
+    is the most any micro-batch up to that size needed), then the smallest size again in
+    micro-batches of ``small`` events (the fixed cost of a micro-batch, warm), then
+    ``repeat`` archives of the throughput stream. Prints JSON."""
     started = time.perf_counter()
     from conveyor.pipeline import session
 
@@ -139,16 +146,18 @@ def spark_child(master: str, dsn: str, work: str, sizes: list[int], max_events: 
     jvm = time.perf_counter() - started
     sweep = [{"size": size, **archive_once(spark, dsn, work, sweep_stream(size), size), **peaks()}
              for size in sorted(sizes)]
+    little = archive_once(spark, dsn, work, sweep_stream(min(sizes)), small) if sizes and small else None
     runs = [archive_once(spark, dsn, work, STREAM, max_events) for _ in range(repeat)]
     spark.stop()
-    print(json.dumps({"sweep": sweep, "runs": runs, "jvm_seconds": jvm}))
+    print(json.dumps({"sweep": sweep, "small": little, "runs": runs, "jvm_seconds": jvm}))
 
 
-def run_spark(master: str, dsn: str, work: Path, sizes: list[int], max_events: int, repeat: int,
-              timeout: float) -> dict:
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+def run_spark(master: str, tree: str | None, dsn: str, work: Path, sizes: list[int], small: int, max_events: int,
+              repeat: int, timeout: float) -> dict:
+    """A child process; ``tree``: the source tree (its ``src``) whose archive it runs."""
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **({"PYTHONPATH": tree} if tree else {})}
     proc = subprocess.run([sys.executable, __file__, "--child", master, dsn, str(work),
-                           ",".join(str(s) for s in sizes), str(max_events), str(repeat)],
+                           ",".join(str(s) for s in sizes), str(small), str(max_events), str(repeat)],
                           capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{master} failed:\n{proc.stderr[-3000:]}")
@@ -225,27 +234,37 @@ def sweep_stream(size: int) -> str:
     return f"sweep_{size}"
 
 
-def report(rows: int, max_events: int, repeat: int, results: dict[str, dict], copies: list[tuple[int, float]]) -> None:
+def report(rows: int, max_events: int, repeat: int, small: int, results: dict[str, dict],
+           copies: list[tuple[int, float]]) -> None:
     print(f"\narchive of {rows:,} stream events (100-byte payloads), {max_events:,} per micro-batch, "
           f"median of {repeat} run(s)")
-    print(f"{'':18}{'rows':>10}{'seconds':>9}{'rows/s':>10}{'JVM start s':>13}")
-    for master, result in results.items():
+    width = max(18, *(len(label) + 8 for label in results))
+    print(f"{'':{width}}{'rows':>10}{'seconds':>9}{'rows/s':>10}{'JVM start s':>13}")
+    for label, result in results.items():
         seconds = statistics.median(r["seconds"] for r in result["runs"])
         got = result["runs"][0]["rows"]
-        print(f"{'spark ' + master:18}{got:>10,}{seconds:>9.2f}{got / seconds:>10,.0f}{result['jvm_seconds']:>13.1f}")
+        print(f"{'spark ' + label:{width}}{got:>10,}{seconds:>9.2f}{got / seconds:>10,.0f}"
+              f"{result['jvm_seconds']:>13.1f}")
         if any(r["rows"] != rows for r in result["runs"]):
-            print(f"  !! spark {master} archived {[r['rows'] for r in result['runs']]} rows, expected {rows:,}")
+            print(f"  !! spark {label} archived {[r['rows'] for r in result['runs']]} rows, expected {rows:,}")
     got, seconds = sorted(copies, key=lambda c: c[1])[len(copies) // 2]
-    print(f"{'copy + parquet':18}{got:>10,}{seconds:>9.2f}{got / seconds:>10,.0f}{'-':>13}")
+    print(f"{'copy + parquet':{width}}{got:>10,}{seconds:>9.2f}{got / seconds:>10,.0f}{'-':>13}")
     print("\ndriver peak resident memory (MiB) after one micro-batch of N events (sizes in increasing order)")
-    print(f"{'':18}{'N':>10}{'Python':>9}{'JVM':>9}{'seconds':>9}{'rows/s':>10}")
-    for master, result in results.items():
+    print(f"{'':{width}}{'N':>10}{'Python':>9}{'JVM':>9}{'seconds':>9}{'rows/s':>10}")
+    for label, result in results.items():
         for point in result["sweep"]:
-            print(f"{'spark ' + master:18}{point['size']:>10,}{point['python_peak_kb'] / 1024:>9,.0f}"
+            print(f"{'spark ' + label:{width}}{point['size']:>10,}{point['python_peak_kb'] / 1024:>9,.0f}"
                   f"{point['jvm_peak_kb'] / 1024:>9,.0f}{point['seconds']:>9.2f}"
                   f"{point['rows'] / point['seconds']:>10,.0f}")
             if point["rows"] != point["size"] or point["batches"] != 1:
                 print(f"  !! {point['rows']:,} rows in {point['batches']} micro-batches, expected one of {point['size']:,}")
+    smalls = {label: r["small"] for label, r in results.items() if r.get("small")}
+    if smalls:
+        print(f"\nfixed cost: micro-batches of {small:,} events, warm session")
+        print(f"{'':{width}}{'batches':>10}{'seconds':>9}{'s/batch':>9}")
+        for label, run in smalls.items():
+            print(f"{'spark ' + label:{width}}{run['batches']:>10}{run['seconds']:>9.2f}"
+                  f"{run['seconds'] / max(run['batches'], 1):>9.2f}")
 
 
 def main() -> None:
@@ -255,17 +274,24 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000, 400_000],
                         help="micro-batch sizes for the memory sweep (local[2] and the cluster)")
+    parser.add_argument("--small", type=int, default=1_000,
+                        help="micro-batch size for the fixed-cost run (over the smallest of --sizes)")
+    parser.add_argument("--tree", action="append", default=[], metavar="LABEL=SRC",
+                        help="run the Spark children on this source tree's src (repeatable: side by side)")
     parser.add_argument("--no-cluster", action="store_true", help="skip the standalone cluster")
     parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--child", nargs=6, metavar=("MASTER", "DSN", "WORK", "SIZES", "MAX_EVENTS", "REPEAT"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=7, help=argparse.SUPPRESS,
+                        metavar=("MASTER", "DSN", "WORK", "SIZES", "SMALL", "MAX_EVENTS", "REPEAT"))
     args = parser.parse_args()
     if args.child:
-        master, dsn, work, sizes, max_events, repeat = args.child
-        spark_child(master, dsn, work, [int(s) for s in sizes.split(",") if s], int(max_events), int(repeat))
+        master, dsn, work, sizes, small, max_events, repeat = args.child
+        spark_child(master, dsn, work, [int(s) for s in sizes.split(",") if s], int(small), int(max_events),
+                    int(repeat))
         return
     rows = max(1, min(args.rows, 2_000_000))
     sizes = [max(1, min(size, 2_000_000)) for size in args.sizes]
+    small = max(0, min(args.small, min(sizes, default=0)))
+    trees: list[tuple[str, str | None]] = [(t.partition("=")[0], t.partition("=")[2]) for t in args.tree] or [("", None)]
     database = f"conveyor_bench_archive_{uuid.uuid4().hex[:8]}"
     dsn = create_database(database, migrated=True)
     results: dict[str, dict] = {}
@@ -273,22 +299,27 @@ def main() -> None:
         print(f"filling stream {STREAM!r} with {rows:,} events, and one stream per size {sizes} ...", file=sys.stderr)
         fill(dsn, STREAM, rows)
         for size in sizes:
-            fill(dsn, sweep_stream(size), size)
+            fill(dsn, sweep_stream(size), size, min(TICK_EVERY, small or TICK_EVERY))
         with tempfile.TemporaryDirectory(prefix="conveyor-pipeline-bench-") as tmp:
             work = Path(tmp)
             copies = [baseline(dsn, work / f"baseline-{n}.parquet") for n in range(args.repeat)]
-            plan = [("local[1]", "local[1]", []), ("local[2]", "local[2]", sizes)]
-            for label, master, sweep in plan:
-                print(f"spark {label} ...", file=sys.stderr)
-                results[label] = run_spark(master, dsn, work, sweep, args.max_events, args.repeat, args.timeout)
+
+            def measure(name: str, master: str, sweep: list[int]) -> None:
+                for label, tree in trees:
+                    key = f"{name} {label}".strip()
+                    print(f"spark {key} ...", file=sys.stderr)
+                    results[key] = run_spark(master, tree, dsn, work, sweep, small, args.max_events, args.repeat,
+                                             args.timeout)
+
+            measure("local[1]", "local[1]", [])
+            measure("local[2]", "local[2]", sizes)
             if not args.no_cluster:
                 (work / "cluster").mkdir()
                 with standalone(work / "cluster") as url:
-                    print("spark cluster ...", file=sys.stderr)
-                    results["cluster"] = run_spark(url, dsn, work, sizes, args.max_events, args.repeat, args.timeout)
+                    measure("cluster", url, sizes)
     finally:
         drop_database(database)
-    report(rows, args.max_events, args.repeat, results, copies)
+    report(rows, args.max_events, args.repeat, small, results, copies)
 
 
 if __name__ == "__main__":
