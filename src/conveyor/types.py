@@ -41,18 +41,44 @@ class Queue:
     extra_attributes: dict[str, Any] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     purged_at: datetime | None = None
-    # storage kinds (seed 000's is_partitioned / is_unlogged): every queue lives in the
-    # shared, logged messages table until partitioned and unlogged queue kinds exist
-    partitioned: bool = False
-    unlogged: bool = False
+    # where its messages are (migration 0016): "logged" (the shared tables), "unlogged" (a
+    # table of its own, emptied by a crash) or "partitioned" (its own tables, partitioned
+    # by id or time as ``partitioning`` says: by, interval, retention, premake)
+    storage: str = "logged"
+    partitioning: dict[str, Any] | None = None
 
     def attributes(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in QUEUE_ATTRIBUTES}
 
     @property
+    def partitioned(self) -> bool:
+        """Seed 000's ``is_partitioned``."""
+        return self.storage == "partitioned"
+
+    @property
+    def unlogged(self) -> bool:
+        """Seed 000's ``is_unlogged``."""
+        return self.storage == "unlogged"
+
+    @property
     def encrypted(self) -> bool:
         """Bodies are sealed with the server's key before they are stored (conveyor.crypto)."""
         return self.extra_attributes.get("encrypted") is True
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTable:
+    """A table holding a queue's messages or archive (``conveyor.queue_storage``): a shared
+    table, the queue's unlogged table, or one partition of its partitioned tables (bounds
+    as text, None for the DEFAULT partition)."""
+
+    table_name: str
+    holds: str  # "messages" or "archive"
+    unlogged: bool
+    range_from: str | None
+    range_to: str | None
+    is_default: bool
+    est_rows: int  # the planner's estimate
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,16 @@ def test_queue_lifecycle(dsn):
     assert ok_json(run(dsn, "queues", "list", "--json")) == []
 
 
+def test_queues_with_storage_of_their_own(dsn):
+    assert "storage              unlogged" in ok(run(dsn, "queues", "create", "fast", "--storage", "unlogged"))
+    made = ok_json(run(dsn, "queues", "create", "events", "--storage", "partitioned", "--partition-interval",
+                       "1 day", "--partition-retention", "7 days", "--json"))
+    assert made["partitioning"] == {"by": "time", "interval": "1 day", "retention": "7 days", "premake": 4}
+    assert "storage              partitioned by time, 1 day each, keep 7 days, premake 4" \
+        in ok(run(dsn, "queues", "show", "events"))
+    assert "partitioned queues only" in failed(run(dsn, "queues", "create", "bad", "--partition-premake", "3"))
+
+
 def test_purge_reports_how_many(dsn):
     ok(run(dsn, "queues", "create", "q"))
     for body in ("a", "b", "c"):

@@ -10,6 +10,7 @@ show: a pgmq queue is a Conveyor queue, read through SQS by boto3 against a real
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import threading
 import time
@@ -305,27 +306,84 @@ def test_names(sql: psycopg.Connection) -> None:
         sql.execute("SELECT pgmq.drop_queue('x--y')")
 
 
-def test_unlogged_and_partitioned_are_recorded(sql: psycopg.Connection, q: str) -> None:
+def test_unlogged_and_partitioned_are_real_kinds(sql: psycopg.Connection, q: str) -> None:
     sql.execute("SELECT pgmq.create_unlogged(%s)", (q + "_u",))
     sql.execute("SELECT pgmq.create_partitioned(%s, '1 hour', '2 days')", (q + "_t",))
     sql.execute("SELECT pgmq.create_partitioned(%s)", (q + "_n",))
-    kinds = dict(sql.execute("SELECT name, extra_attributes -> 'pgmq' FROM conveyor.queue_info").fetchall())
-    assert kinds[q + "_u"] == {"kind": "unlogged"}
-    assert kinds[q + "_t"] == {"kind": "partitioned", "partition_interval": "1 hour",
-                               "retention_interval": "2 days", "premake": 4}
-    assert kinds[q + "_n"]["partition_interval"] == "10000"
-    retention = dict(sql.execute("SELECT name, retention_seconds FROM conveyor.queues").fetchall())
-    # a time retention is the queue's retention period; pgmq's default (by message id) has
-    # no Conveyor equivalent, and the queue keeps messages as long as Conveyor can
-    assert (retention[q + "_t"], retention[q + "_n"], retention[q + "_u"]) == (172800, 1209600, 1209600)
-    flags = {r[0]: r[1:] for r in sql.execute("SELECT * FROM pgmq.list_queues()").fetchall()}
-    assert flags[q + "_u"][:2] == (False, True) and flags[q + "_t"][:2] == (True, False)
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    kinds = {r[0]: r[1:] for r in sql.execute("SELECT name, storage, partitioning, retention_seconds "
+                                               "FROM conveyor.queue_info").fetchall()}
+    assert kinds[q + "_u"] == ("unlogged", None, 1209600)
+    assert kinds[q + "_t"] == ("partitioned", {"by": "time", "interval": "01:00:00", "retention": "2 days",
+                                               "premake": 4}, 1209600)
+    # pgmq's defaults: 10000 ids a partition, those 100000 ids behind the newest dropped
+    assert kinds[q + "_n"] == ("partitioned", {"by": "id", "interval": 10000, "retention": 100000,
+                                               "premake": 4}, 1209600)
+    assert kinds[q] == ("logged", None, 1209600)
+    flags = {r[0]: r[1:3] for r in sql.execute("SELECT * FROM pgmq.list_queues()").fetchall()}
+    assert (flags[q + "_u"], flags[q + "_t"], flags[q + "_n"], flags[q]) \
+        == ((False, True), (True, False), (True, False), (False, False))
+    # the storage itself: an unlogged table; partitions by time and by id, premade
+    tables = {r[0]: r[1:] for r in sql.execute(
+        "SELECT c.relname, c.relpersistence, c.relkind FROM pg_class c "
+        "WHERE c.relnamespace = 'conveyor'::regnamespace AND c.relname ~ '^(messages|archive)_q[0-9]' "
+        "AND c.relkind = 'r'").fetchall()}
+    unlogged = [n for n, (persistence, _) in tables.items() if persistence == "u"]
+    assert len(unlogged) == 1 and unlogged[0].startswith("messages_q")
+    by_id = [r[0] for r in sql.execute("SELECT table_name FROM conveyor.queue_storage(%s) "
+                                       "WHERE holds = 'messages'", (q + "_n",)).fetchall()]
+    assert by_id[:5] == [by_id[0].rsplit("_", 1)[0] + f"_p{n}" for n in range(0, 50000, 10000)]
+    assert by_id[5].endswith("_default")
+    assert scalar(sql, "SELECT count(*) FROM conveyor.queue_storage(%s) WHERE holds = 'archive'", (q + "_t",)) == 6
     assert scalar(sql, "SELECT default_partition_length FROM pgmq.metrics(%s)", (q + "_t",)) == 0
     assert scalar(sql, "SELECT default_partition_length FROM pgmq.metrics(%s)", (q + "_u",)) is None
     with pytest.raises(psycopg.errors.RaiseException, match="premake must be at least 1, got 0"):
         sql.execute("SELECT pgmq.create_partitioned(%s, '10000', '100000', 0)", (q + "_z",))
     with pytest.raises(psycopg.errors.InvalidDatetimeFormat):
         sql.execute("SELECT pgmq.create_partitioned(%s, 'fortnightly')", (q + "_z",))
+    # Conveyor's own limit: time partitions of at least a minute
+    with sqlstate("CVV01", "from 1 minute"):
+        sql.execute("SELECT pgmq.create_partitioned(%s, '10 seconds')", (q + "_z",))
+    # create* is idempotent as in pgmq, whatever kind the queue already has
+    sql.execute("SELECT pgmq.create_partitioned(%s)", (q + "_u",))
+    assert scalar(sql, "SELECT storage FROM conveyor.queues WHERE name = %s", (q + "_u",)) == "unlogged"
+
+
+def test_kinds_work_through_pgmq(sql: psycopg.Connection, q: str) -> None:
+    """Every call on every kind: the rows live in the kind's tables, retention drops
+    partitions, drop_queue drops the tables (at the next maintenance)."""
+    for kind, create in [("u", "SELECT pgmq.create_unlogged(%s)"),
+                         ("n", "SELECT pgmq.create_partitioned(%s, '10', '20', 1)"),
+                         ("t", "SELECT pgmq.create_partitioned(%s, '1 day', '30 days')")]:
+        name = f"{q}_{kind}"
+        sql.execute(create, (name,))
+        ids = [r[0] for r in sql.execute("SELECT * FROM pgmq.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) "
+                                         "FROM generate_series(1, 45) g))", (name,)).fetchall()]
+        assert ids == list(range(1, 46))
+        read = sql.execute("SELECT msg_id, read_ct, message FROM pgmq.read(%s, 30, 3)", (name,)).fetchall()
+        assert read == [(1, 1, {"n": 1}), (2, 1, {"n": 2}), (3, 1, {"n": 3})]
+        assert scalar(sql, "SELECT count(*) FROM pgmq.read(%s, 30, 100)", (name,)) == 42
+        assert sql.execute("SELECT msg_id FROM pgmq.set_vt(%s, 1, 0)", (name,)).fetchall() == [(1,)]
+        assert scalar(sql, "SELECT msg_id FROM pgmq.pop(%s)", (name,)) == 1
+        assert scalar(sql, "SELECT pgmq.archive(%s, 2::bigint)", (name,)) is True
+        assert scalar(sql, "SELECT pgmq.delete(%s, 3::bigint)", (name,)) is True
+        assert scalar(sql, "SELECT queue_length FROM pgmq.metrics(%s)", (name,)) == 42
+        assert sql.execute("SELECT msg_id FROM pgmq.a_" + name).fetchall() == [(2,)]
+        where = {r[0] for r in sql.execute(
+            "SELECT m.tableoid::regclass::text FROM conveyor.messages m JOIN conveyor.queues q ON q.id = m.queue_id "
+            "WHERE q.name = %s", (name,)).fetchall()}
+        assert all(t.startswith("conveyor.messages_q") for t in where), where
+    # by id, 10 a partition, keeping 20 ids behind the newest (45): 0-9 and 10-19 go
+    maintained = dict(sql.execute("SELECT * FROM conveyor.maintenance()").fetchall())
+    assert maintained["expired_partitions"] == 4  # messages and archive
+    assert scalar(sql, "SELECT min(msg_id) FROM pgmq.q_" + q + "_n") == 20
+    assert scalar(sql, "SELECT count(*) FROM pgmq.a_" + q + "_n") == 0  # the archived id 2 went with its partition
+    for kind in "unt":
+        assert scalar(sql, "SELECT pgmq.drop_queue(%s)", (f"{q}_{kind}",)) is True
+    assert scalar(sql, "SELECT count(*) FROM pg_class WHERE relname ~ '^(messages|archive)_q[0-9]+$'") == 6
+    maintained = dict(sql.execute("SELECT * FROM conveyor.maintenance()").fetchall())
+    assert maintained["dropped_queue_tables"] == 6
+    assert scalar(sql, "SELECT count(*) FROM pg_class WHERE relname ~ '^(messages|archive)_q[0-9]'") == 0
 
 
 def test_queue_made_elsewhere_is_a_pgmq_queue(sql: psycopg.Connection, q: str) -> None:
@@ -533,6 +591,46 @@ def test_sqs_and_pgmq_share_queues(pgmq_server: ServerProcess, protocol: str) ->
         sqs.get_queue_url(QueueName=q)
 
 
+def test_pgmq_client_kinds_read_through_sqs(pgmq_server: ServerProcess) -> None:
+    """Queues the pgmq client makes unlogged and partitioned are Conveyor queues of those
+    kinds: boto3 reads, deletes and sends on them; pgmq sees what SQS did."""
+    dsn = pgmq_server.env["DATABASE_URL"]
+    base = f"kind_{uuid.uuid4().hex[:8]}"
+    client = SyncPGMQueue(conn_string=dsn, init_extension=False, pool_size=2)
+    sqs = sqs_clients.client(pgmq_server.url, "json")
+    try:
+        client.create_queue(base + "_u", unlogged=True)
+        client.create_partitioned_queue(base + "_p", partition_interval=100, retention_interval=1000)
+        client.create_partitioned_queue(base + "_t", partition_interval="1 day", retention_interval="7 days")
+        for q in (base + "_u", base + "_p", base + "_t"):
+            assert client.send_batch(q, [{"n": i} for i in range(5)]) == [1, 2, 3, 4, 5]
+            url = sqs.get_queue_url(QueueName=q)["QueueUrl"]
+            got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30)["Messages"]
+            got.sort(key=lambda m: json.loads(m["Body"])["n"])
+            assert [json.loads(m["Body"])["n"] for m in got] == [0, 1, 2, 3, 4]
+            for m in got[:2]:
+                sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+            sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=got[2]["ReceiptHandle"], VisibilityTimeout=0)
+            sqs.send_message(QueueUrl=url, MessageBody='{"from": "sqs"}')
+            assert client.metrics(q).queue_length == 4
+            assert [(m.msg_id, m.read_ct) for m in client.read(q, vt=30, qty=10)] == [(3, 2), (6, 1)]
+            assert client.archive(q, 6) is True
+        with psycopg.connect(dsn, autocommit=True) as sql:
+            stored = dict(sql.execute(
+                "SELECT q.name, array_agg(DISTINCT m.tableoid::regclass::text) FROM conveyor.messages m "
+                "JOIN conveyor.queues q ON q.id = m.queue_id WHERE q.name LIKE %s GROUP BY q.name",
+                (base + "%",)).fetchall())
+            assert all(t.startswith("conveyor.messages_q") for tables in stored.values() for t in tables), stored
+            assert scalar(sql, "SELECT relpersistence FROM pg_class WHERE oid = %s::regclass",
+                          (stored[base + "_u"][0],)) == "u"
+        with pytest.warns(UserWarning):
+            flags = {r.queue_name: (r.is_unlogged, r.is_partitioned) for r in client.list_queues()}
+        assert (flags[base + "_u"], flags[base + "_p"], flags[base + "_t"]) == ((True, False), (False, True),
+                                                                                (False, True))
+    finally:
+        client.close()
+
+
 def test_rest_lists_pgmq_queues(pgmq_server: ServerProcess) -> None:
     q = f"rest_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pgmq_server.env["DATABASE_URL"], autocommit=True) as sql:
@@ -540,9 +638,9 @@ def test_rest_lists_pgmq_queues(pgmq_server: ServerProcess) -> None:
         sql.execute("SELECT pgmq.send(%s, '{\"n\": 1}')", (q,))
     with pgmq_server.client() as http:
         listed = http.get("/v1/queues", params={"prefix": q}).json()
-        # Conveyor's own listing says how the queue is stored: in the one logged messages
-        # table (pgmq.list_queues says what pgmq was asked for; see docs/dialects/pgmq.md)
-        assert [(x["name"], x["is_unlogged"], x["retention_seconds"]) for x in listed] == [(q, False, 1209600)]
+        # Conveyor's own listing says how the queue is stored, as pgmq.list_queues does
+        assert [(x["name"], x["is_unlogged"], x["storage"], x["retention_seconds"]) for x in listed] \
+            == [(q, True, "unlogged", 1209600)]
         received = http.get(f"/v1/queues/{q}/messages", params={"max": 1}).json()
     assert [(m["id"], m["message"]) for m in received] == [(1, {"n": 1})]
 

@@ -54,6 +54,43 @@ def test_list_items_carry_the_storage_kinds(http, queue_name):
     http.post("/v1/queues", json={"name": queue_name})
     [item] = [q for q in http.get("/v1/queues").json() if q["name"] == queue_name]
     assert item["is_partitioned"] is False and item["is_unlogged"] is False and "created_at" in item
+    assert item["storage"] == "logged" and item["partitioning"] is None
+
+
+def test_create_unlogged_and_partitioned_queues(http, queue_name):
+    r = http.post("/v1/queues", json={"name": queue_name + "-u", "storage": "unlogged"})
+    assert r.status_code == 201, r.text
+    assert (r.json()["storage"], r.json()["is_unlogged"], r.json()["is_partitioned"]) == ("unlogged", True, False)
+    r = http.post("/v1/queues", json={"name": queue_name + "-p", "storage": "partitioned", "partition_interval": 1000,
+                                      "partition_retention": 5000, "partition_premake": 2})
+    assert r.status_code == 201, r.text
+    assert r.json()["is_partitioned"] is True
+    assert r.json()["partitioning"] == {"by": "id", "interval": 1000, "retention": 5000, "premake": 2}
+    r = http.post("/v1/queues", json={"name": queue_name + "-t", "storage": "partitioned",
+                                      "partition_interval": "1 day"})
+    assert r.json()["partitioning"] == {"by": "time", "interval": "1 day", "retention": None, "premake": 4}
+    listed = {q["name"]: q["storage"] for q in http.get("/v1/queues", params={"prefix": queue_name}).json()}
+    assert listed == {queue_name + "-u": "unlogged", queue_name + "-p": "partitioned",
+                      queue_name + "-t": "partitioned"}
+    for suffix in ("-u", "-p", "-t"):
+        q = queue_name + suffix
+        assert http.post(f"/v1/queues/{q}/messages", json=[{"message": {"n": i}} for i in range(3)]).status_code == 201
+        got = http.get(f"/v1/queues/{q}/messages", params={"max": 5}).json()
+        assert sorted(m["message"]["n"] for m in got) == [0, 1, 2]
+        assert http.delete(f"/v1/queues/{q}/messages/{got[0]['id']}").status_code == 204
+        assert http.get(f"/v1/queues/{q}").json()["queue_length"] == 0  # two in flight
+    # the storage is chosen once: the same again is the same queue, another kind a conflict
+    assert http.post("/v1/queues", json={"name": queue_name + "-u", "storage": "unlogged"}).status_code == 201
+    assert http.post("/v1/queues", json={"name": queue_name + "-u", "storage": "logged"}).status_code == 409
+    r = http.patch(f"/v1/queues/{queue_name}-u", json={"storage": "logged"})
+    assert r.status_code == 400
+    for payload, fragment in [({"storage": "sideways"}, "storage"),
+                              ({"storage": "unlogged", "partition_interval": 10}, "partitioned queues only"),
+                              ({"storage": "partitioned", "partition_interval": "10 seconds"}, "from 1 minute"),
+                              ({"storage": "partitioned", "partition_premake": 0}, "partition_premake")]:
+        r = http.post("/v1/queues", json={"name": queue_name + "-x", **payload})
+        assert r.status_code == 400 and fragment in r.json()["error"], (payload, r.text)
+    assert http.delete(f"/v1/queues/{queue_name}-p").status_code == 204
 
 
 def test_alter(http, queue_name):

@@ -321,6 +321,19 @@ async def test_what_is_published_for_a_queue_not_created_yet_waits_for_it(conn, 
     assert await _bodies(conn, "later") == ["third"]
 
 
+async def test_a_queue_with_storage_of_its_own_created_later_gets_what_waited(conn, signer):
+    # its tables exist before the queue_created trigger delivers into them
+    await topics.subscribe(conn, _waiting("later-parts"))
+    await topics.publish(conn, "orders", P("first"), signer=signer, urls=URLS)
+    await queues.create(conn, "later-parts", {"storage": "partitioned", "partition_interval": 10})
+    assert [m.body for m in await messages.receive(conn, "later-parts", qty=10)] == ["first"]
+    cur = await conn.execute("SELECT m.tableoid::regclass::text FROM conveyor.messages m "
+                             "JOIN conveyor.queues q ON q.id = m.queue_id WHERE q.name = 'later-parts'")
+    assert (await cur.fetchone())[0].startswith("conveyor.messages_q")
+    await topics.publish(conn, "orders", P("second"), signer=signer, urls=URLS)
+    assert await _bodies(conn, "later-parts") == ["second"]
+
+
 async def test_a_fifo_queue_created_later_deduplicates_what_waited(conn, signer):
     await topics.create(conn, "orders.fifo", {"ContentBasedDeduplication": "false"})
     await topics.subscribe(conn, Sub(pattern="orders.fifo", queue="later.fifo", raw_delivery=True,

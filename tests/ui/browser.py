@@ -37,7 +37,7 @@ def seed(url: str) -> None:
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as c:
         _ok(c.post("/v1/queues", json={"name": "orders-dlq"}))
         _ok(c.post("/v1/queues", json={"name": "orders", "max_receive_count": 1, "dead_letter_queue": "orders-dlq"}))
-        _ok(c.post("/v1/queues", json={"name": "emails"}))
+        _ok(c.post("/v1/queues", json={"name": "emails", "storage": "partitioned", "partition_interval": "1 day"}))
         _ok(c.post("/v1/queues/orders/messages", json=[{"message": {"order": i}} for i in range(3)]))
         _ok(c.post("/v1/queues/emails/messages", json=[{"message": f"hello {i}"} for i in range(5)]))
         _ok(c.get("/v1/queues/orders/messages", params={"max": 3, "vt": 1}))

@@ -60,6 +60,8 @@ def test_queues(signed_in):
 def test_a_queue_with_its_charts_from_the_history(signed_in):
     page, console = signed_in
     visit(page, "#/queues/emails", ".charts")
+    assert page.inner_text("p.storage") == ("partitioned Partitioned by time, 1 day a partition, 4 made ahead; "
+                                            "partitions are kept.")
     assert int(page.get_attribute(".charts", "data-samples")) >= 2
     assert page.locator(".chart path[data-series='visible']").count() == 1
     assert page.locator(".chart svg").count() == 2

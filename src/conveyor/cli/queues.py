@@ -73,8 +73,8 @@ def _attributes(given: dict[str, Any]) -> dict[str, Any]:
 
 def queue_data(q: types.Queue, m: types.QueueMetrics | None = None) -> dict[str, Any]:
     """A queue as JSON: the same shape as the REST API's (attributes, then metrics)."""
-    data: dict[str, Any] = {"name": q.name, "fifo": q.fifo, **q.attributes(),
-                            "created_at": q.created_at, "updated_at": q.updated_at}
+    data: dict[str, Any] = {"name": q.name, "fifo": q.fifo, **q.attributes(), "storage": q.storage,
+                            "partitioning": q.partitioning, "created_at": q.created_at, "updated_at": q.updated_at}
     if m is not None:
         metrics = output.to_data(m)
         for key in ("queue_name", "dead_letter_queue"):  # already among the attributes
@@ -95,6 +95,7 @@ def _describe(q: types.Queue, m: types.QueueMetrics | None = None) -> str:
         ("max receive count", q.max_receive_count),
         ("dead-letter queue", q.dead_letter_queue),
         ("content-based dedup", q.content_based_deduplication),
+        ("storage", _storage(q)),
         ("created at", q.created_at),
         ("updated at", q.updated_at),
     ]
@@ -109,6 +110,16 @@ def _describe(q: types.Queue, m: types.QueueMetrics | None = None) -> str:
             ("dead-letter depth", m.dead_letter_length if m.dead_letter_queue else None),
         ]
     return output.record(pairs)
+
+
+def _storage(q: types.Queue) -> str:
+    """``partitioned by id, 10000 ids, keep 100000 ids, premake 4``; or the kind."""
+    p = q.partitioning
+    if p is None:
+        return q.storage
+    unit = " ids" if p["by"] == "id" else ""
+    keep = "keep all" if p["retention"] is None else f"keep {p['retention']}{unit}"
+    return f"{q.storage} by {p['by']}, {p['interval']}{unit} each, {keep}, premake {p['premake']}"
 
 
 def _emit_queue(obj: Any, q: types.Queue, m: types.QueueMetrics | None = None) -> None:
@@ -133,13 +144,25 @@ def list_(obj, prefix: str | None) -> None:  # noqa: ANN001
 @queues.command()
 @click.argument("name")
 @attribute_options
+@click.option("--storage", type=click.Choice(["logged", "unlogged", "partitioned"]),
+              help="Where its messages are kept, chosen once: logged (default), unlogged (fast, emptied by "
+                   "a crash of PostgreSQL, not on replicas) or partitioned (tables of its own by id or time).")
+@click.option("--partition-interval", metavar="N|INTERVAL",
+              help="Partitioned: ids per partition (default 10000) or a time such as '1 day'.")
+@click.option("--partition-retention", metavar="N|INTERVAL",
+              help="Partitioned: drop partitions this many ids behind the newest, or this old (default: keep).")
+@click.option("--partition-premake", type=int, metavar="N", help="Partitioned: partitions made ahead (default 4).")
 @output.json_option
 @click.pass_obj
-def create(obj, name: str, **options: Any) -> None:  # noqa: ANN001
+def create(obj, name: str, storage: str | None, partition_interval: str | None, partition_retention: str | None,  # noqa: ANN001
+           partition_premake: int | None, **options: Any) -> None:
     """Create queue NAME (a name ending in .fifo makes a FIFO queue).
 
     Succeeds without change if it exists with the given attributes; fails if they differ."""
-    q = context.run(obj.settings(), lambda conn: ops.create(conn, name, _attributes(options)))
+    kind = {"storage": storage, "partition_interval": partition_interval,
+            "partition_retention": partition_retention, "partition_premake": partition_premake}
+    attributes = _attributes(options) | {k: v for k, v in kind.items() if v is not None}
+    q = context.run(obj.settings(), lambda conn: ops.create(conn, name, attributes))
     _emit_queue(obj, q)
 
 

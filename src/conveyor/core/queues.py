@@ -53,6 +53,11 @@ async def listen(conn: Connection, name: str, seconds: int) -> datetime:
     return await db.fetch_scalar(conn, "queue_listen", {"name": name, "seconds": seconds}, datetime)
 
 
+async def storage(conn: Connection, name: str) -> list[types.QueueTable]:
+    """The tables holding the queue's messages and archive (its partitions, if any)."""
+    return await db.fetch_all(conn, "queue_storage", {"name": name}, row=types.QueueTable)
+
+
 async def metrics(conn: Connection, name: str) -> types.QueueMetrics:
     row = await db.fetch_one(conn, "queue_metrics", {"name": name}, row=types.QueueMetrics)
     if row is None:

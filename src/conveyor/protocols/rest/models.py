@@ -43,11 +43,26 @@ class QueueAttributes(_Strict):
         "stored; messages already stored keep their form"))
 
 
+PartitionSpan = Annotated[int, Field(ge=1)] | str
+
+
 class QueueCreate(QueueAttributes):
     name: QueueName
     fifo: bool | None = Field(None, description=(
         "true creates a FIFO queue: a name without the .fifo suffix gets it (orders -> orders.fifo, the "
         "queue's one name in REST paths, SQS and SQL); false refuses a name ending in .fifo"))
+    storage: Literal["logged", "unlogged", "partitioned"] | None = Field(None, description=(
+        "where the messages are kept, chosen once: logged (default, the shared tables), unlogged (a table "
+        "of its own without WAL: faster, emptied by a crash, not on replicas) or partitioned (tables of its "
+        "own partitioned by id or time, old partitions dropped whole); docs/rest-api.md"))
+    partition_interval: PartitionSpan | None = Field(None, description=(
+        "partitioned: a number of message ids per partition (default 10000), or a time interval such as "
+        "'1 day' (at least a minute; whole months when it has months)"))
+    partition_retention: PartitionSpan | None = Field(None, description=(
+        "partitioned: partitions this many ids behind the newest, or older than this interval, are dropped "
+        "with their messages by maintenance (default: kept)"))
+    partition_premake: Annotated[int, Field(ge=1, le=100)] | None = Field(None, description=(
+        "partitioned: partitions made ahead of the current one (default 4)"))
 
 
 class Queue(BaseModel):
@@ -62,8 +77,11 @@ class Queue(BaseModel):
     dead_letter_queue: str | None
     content_based_deduplication: bool
     encrypted: bool
-    is_partitioned: bool = Field(description="stored in partitions of its own (no queue is yet)")
-    is_unlogged: bool = Field(description="stored unlogged: faster, emptied by a crash (no queue is yet)")
+    is_partitioned: bool = Field(description="stored in partitions of its own (storage partitioned)")
+    is_unlogged: bool = Field(description="stored unlogged: faster, emptied by a crash (storage unlogged)")
+    storage: Literal["logged", "unlogged", "partitioned"]
+    partitioning: dict[str, Any] | None = Field(description=(
+        "partitioned: by (id or time), interval, retention (null: none) and premake"))
     created_at: datetime
     updated_at: datetime
 

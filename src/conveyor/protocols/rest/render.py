@@ -44,6 +44,7 @@ def queue(q: types.Queue) -> dict[str, Any]:
     return {
         "name": q.name, "fifo": q.fifo, **q.attributes(),
         "encrypted": q.encrypted, "is_partitioned": q.partitioned, "is_unlogged": q.unlogged,
+        "storage": q.storage, "partitioning": q.partitioning,
         "created_at": q.created_at, "updated_at": q.updated_at,
     }
 

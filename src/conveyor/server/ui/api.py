@@ -95,7 +95,8 @@ async def list_queues(request: Request) -> Response:
     out = []
     for q in found:
         m, r = metrics.get(q.name), rates.get(q.name)
-        out.append({"name": q.name, "fifo": q.fifo, "max_receive_count": q.max_receive_count,
+        out.append({"name": q.name, "fifo": q.fifo, "storage": q.storage, "partitioning": q.partitioning,
+                    "max_receive_count": q.max_receive_count,
                     "dead_letter_queue": q.dead_letter_queue, "dead_letter_of": dead_letter_of.get(q.name, []),
                     "depth": m.queue_length if m else 0, "in_flight": m.in_flight if m else 0,
                     "delayed": m.delayed if m else 0, "oldest_age_sec": m.oldest_msg_age_sec if m else None,

@@ -1,4 +1,4 @@
--- Queries over the queue functions of migration 0001. Parameters are psycopg named
+-- Queries over the queue functions of migrations 0001 and 0016. Parameters are psycopg named
 -- placeholders; every one is cast so that NULLs and arrays get the right type.
 
 -- name: queue_create
@@ -27,6 +27,9 @@ SELECT conveyor.queue_untag(%(name)s::text, %(keys)s::text[])
 
 -- name: queue_listen
 SELECT conveyor.queue_listen(%(name)s::text, %(seconds)s::integer)
+
+-- name: queue_storage
+SELECT * FROM conveyor.queue_storage(%(name)s::text)
 
 -- name: queue_metrics
 SELECT * FROM conveyor.queue_metrics(%(name)s::text)

@@ -176,12 +176,27 @@ async function queuePage(name) {
     h("div", { class: "cards" }, card("visible", num(q.depth)), card("in flight", num(q.in_flight)),
       card("delayed", num(q.delayed)), card("oldest", age(q.oldest_age_sec)), card("sent total", num(q.total_sent)),
       card("sent/s", rate(q.sent_per_sec)), card("done/s", rate(q.done_per_sec))),
+    storageNote(q),
     q.dead_letter_queue ? h("p", {}, "Dead letters go to ", link(`#/dead-letters/queue/${enc(q.dead_letter_queue)}`, q.dead_letter_queue),
       ` after ${q.max_receive_count} receives.`) : null,
     q.dead_letter_of.length ? h("p", {}, "This is the dead-letter queue of ", q.dead_letter_of.join(", "), ": ",
       link(`#/dead-letters/queue/${enc(name)}`, "browse, replay or purge"), ".") : null,
     rangeButtons(), await charts("queue", name, QUEUE_PANELS),
     h("h2", { text: "Oldest messages" }), messagesTable(name, peek)];
+}
+
+// A queue with storage of its own says so (docs/architecture.md, queue storage kinds).
+function storageNote(q) {
+  if (q.storage === "unlogged") {
+    return h("p", { class: "storage" }, badge("unlogged", "warn"),
+      " Stored unlogged: fast, but emptied by a crash of PostgreSQL and absent on replicas.");
+  }
+  if (q.storage !== "partitioned") return null;
+  const p = q.partitioning;
+  const span = (v) => (p.by === "id" ? `${num(v)} ids` : v);
+  return h("p", { class: "storage" }, badge("partitioned"),
+    ` Partitioned by ${p.by}, ${span(p.interval)} a partition, ${p.premake} made ahead; `,
+    p.retention === null ? "partitions are kept." : `partitions are dropped ${span(p.retention)} on.`);
 }
 
 function messagesTable(queue, msgs) {
