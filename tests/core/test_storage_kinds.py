@@ -202,3 +202,41 @@ async def test_migration_kept_the_shared_tables(conn):
     with pytest.raises(psycopg.errors.SequenceGeneratorLimitExceeded):
         await conn.execute("SELECT setval(pg_get_serial_sequence('conveyor.queues', 'id'), 999999999);"
                            "SELECT nextval(pg_get_serial_sequence('conveyor.queues', 'id'))")
+
+
+async def _plan_modes(conn) -> dict[str, str]:
+    """The plan_cache_mode of each message function that sets one (migration 0014's), by name."""
+    cur = await conn.execute("SELECT DISTINCT p.proname, c FROM pg_proc p, unnest(p.proconfig) c "
+                             "WHERE p.pronamespace = 'conveyor'::regnamespace AND c LIKE 'plan_cache_mode=%'")
+    return {name: c.split("=", 1)[1] for name, c in await cur.fetchall()}
+
+
+async def _modes(conn) -> tuple[set[str], set[str]]:
+    """The modes of the sends, and of every other message function."""
+    modes = await _plan_modes(conn)
+    sends = {m for name, m in modes.items() if name.startswith("message_send")}
+    return sends, {m for name, m in modes.items() if not name.startswith("message_send")}
+
+
+async def test_message_plans_follow_the_storage(conn):
+    """Generic plans while every queue is in the shared tables; per-call plans (which plan
+    and lock only the queue's own partition) for the functions that read or change
+    messages while any queue has tables of its own; generic again once maintenance has
+    dropped the last of them (conveyor._message_plans). Sends keep generic plans."""
+    generic, custom = {"force_generic_plan"}, {"force_custom_plan"}
+    names = set(await _plan_modes(conn))
+    assert {"message_receive", "message_delete", "message_pop", "message_send"} <= names
+    assert await _modes(conn) == (generic, generic)
+    await queues.create(conn, "plain")
+    assert await _modes(conn) == (generic, generic)
+    for name in KINDS:
+        await queues.create(conn, name, KINDS[name])
+        assert await _modes(conn) == (generic, custom)
+    await messages.send(conn, "by_id", M("x"))
+    assert [m.body for m in await messages.receive(conn, "by_id", vt=60)] == ["x"]
+    for name in KINDS:
+        await queues.drop(conn, name)
+    assert await _modes(conn) == (generic, custom)  # their tables are still there
+    await _maintain(conn)
+    assert await _modes(conn) == (generic, generic)
+    assert set(await _plan_modes(conn)) == names

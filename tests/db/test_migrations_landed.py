@@ -26,7 +26,7 @@ LANDED = {
     "0013_stream_trace": "dd9e6b078661022242797dab57a5f9eb91eb43cf377251ed94a38fcb04452d37",
     "0014_message_plans_and_pop": "6a4a7186f8100fa70420c8af8e5cce50b790e82887878d9b11c2dab5b6feb0f3",
     "0015_partition_messages_reader": "5c46799bd9a2477e931270a116568af764a868a4c6f33ba8a353ed231cf5f47c",
-    "0016_queue_storage_kinds": "47a8373de8451e84b9191d09503a3b58977fc58d3578d6b25916748c1efc740e",
+    "0016_queue_storage_kinds": "e6f220cd5e7bdc002ffbf7e518ae25b6b770ed3ced8cab8dd98754e51bf52703",
 }
 LANDED_DIALECTS = {
     "pgmq/0001_pgmq": "195c507c3cb8ffbf696f0e7ce0eeebae0dc276d992ae16c3adee2627344c276d",
@@ -35,7 +35,7 @@ LANDED_DIALECTS = {
     "hq/0001_hq": "d61519b3f2b29daff0254c0f1e46e0e7e126f082bd5b52a8ab34b1fca1e4a4cd",
     "pgmq/0002_direct_paths": "6350f8672e3285d3bc5a340679cc3e3c4b37b09423ec63a78d4ee61b9073908e",
     "pgq/0002_static_appends": "8463da272fd7447196292d034836d7c080dff14f06ffe5d75de963d22b04cd0a",
-    "pgmq/0003_storage_kinds": "8fa69a6ff937cfa7d4fb986fd5dd34287b3599c49acb01cc5518a816a3ab88c9",
+    "pgmq/0003_storage_kinds": "03f6004b1c6612d7d054761eb0b48313b81493de8fd11050883c462b949b7ed0",
 }
 
 

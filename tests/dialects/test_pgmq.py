@@ -306,8 +306,16 @@ def test_names(sql: psycopg.Connection) -> None:
         sql.execute("SELECT pgmq.drop_queue('x--y')")
 
 
+def _read_plans(sql: psycopg.Connection) -> object:
+    return scalar(sql, "SELECT c FROM pg_proc p, unnest(p.proconfig) c WHERE c LIKE 'plan_cache_mode=%%' "
+                       "AND p.oid = 'pgmq._read(text, integer, integer, integer, integer, jsonb)'::regprocedure")
+
+
 def test_unlogged_and_partitioned_are_real_kinds(sql: psycopg.Connection, q: str) -> None:
+    # pgmq's statements plan as the engine's: generic until a queue has tables of its own
+    assert _read_plans(sql) == "plan_cache_mode=force_generic_plan"
     sql.execute("SELECT pgmq.create_unlogged(%s)", (q + "_u",))
+    assert _read_plans(sql) == "plan_cache_mode=force_custom_plan"
     sql.execute("SELECT pgmq.create_partitioned(%s, '1 hour', '2 days')", (q + "_t",))
     sql.execute("SELECT pgmq.create_partitioned(%s)", (q + "_n",))
     sql.execute("SELECT pgmq.create(%s)", (q,))

@@ -485,6 +485,40 @@ BEGIN
     RETURN true;
 END $$;
 
+-- The message functions' plans follow the storage. Migration 0014 gave them generic plans
+-- (planned once per session, robust to statistics that predate a queue), marked by their
+-- SET plan_cache_mode. A generic plan on a partitioned conveyor.messages is planned over
+-- every partition and PostgreSQL 15 locks them all at each call, pruned or not: with tens
+-- of queues of their own that cost every queue most of its receive rate (docs/benchmarks.md,
+-- "Queue storage kinds"). So while any queue has tables of its own, the functions that
+-- read or change messages plan each call with its values instead (force_custom_plan: only
+-- the queue's own partition is planned and locked), and go back to generic plans once the
+-- last such table is gone. The sends keep theirs: an INSERT's plan names the parent only
+-- (each row is routed, and its partition locked, as it is inserted), and planning it at
+-- every call halved the send rate (measured). Called where such tables are made
+-- (_storage_create) and dropped (_storage_maintain); changes a function's setting only
+-- when it differs, one caller at a time.
+CREATE FUNCTION conveyor._message_plans() RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    mode text := CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_inherits h
+                                    WHERE h.inhparent = 'conveyor.messages'::regclass
+                                      AND h.inhrelid <> 'conveyor.messages_shared'::regclass)
+                      THEN 'force_custom_plan' ELSE 'force_generic_plan' END;
+    fn regprocedure;
+BEGIN
+    PERFORM pg_advisory_xact_lock(7306554613);  -- "conveyor plans"
+    FOR fn IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+               WHERE p.pronamespace IN ('conveyor'::regnamespace, coalesce(to_regnamespace('pgmq'), 0))
+                 AND p.proconfig && ARRAY['plan_cache_mode=force_generic_plan', 'plan_cache_mode=force_custom_plan']
+                 AND p.proname NOT IN ('message_send', 'message_send_json', 'message_send_batch', '_send')
+                 AND NOT p.proconfig @> ARRAY['plan_cache_mode=' || mode]
+               ORDER BY p.oid LOOP
+        EXECUTE format('ALTER FUNCTION %s SET plan_cache_mode = %s', fn, mode);
+    END LOOP;
+    RETURN mode;
+END $$;
+
 -- Creates a queue's storage of its own (storage unlogged or partitioned) and attaches it.
 CREATE FUNCTION conveyor._storage_create(q conveyor.queues) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -505,6 +539,7 @@ BEGIN
         EXECUTE format('ALTER TABLE conveyor.%I ATTACH PARTITION conveyor.%I FOR VALUES FROM (%s) TO (%s)',
                        rel, rel || '_q' || q.id, q.id, q.id + 1);
     END LOOP;
+    PERFORM conveyor._message_plans();
 END $$;
 
 -- The partitions of a table: name, bounds as text (NULL for DEFAULT), estimated rows.
@@ -741,6 +776,9 @@ BEGIN
         END LOOP;
     END LOOP;
     PERFORM set_config('lock_timeout', old_timeout, true);
+    IF orphaned > 0 THEN
+        PERFORM conveyor._message_plans();
+    END IF;
     task := 'partitions_created'; removed := created; RETURN NEXT;
     task := 'expired_partitions'; removed := expired; RETURN NEXT;
     task := 'dropped_queue_tables'; removed := orphaned; RETURN NEXT;

@@ -122,3 +122,20 @@ BEGIN
 EXCEPTION WHEN undefined_object THEN
     RAISE WARNING 'conveyor: roles missing, grants skipped (%)', SQLERRM;
 END $$;
+
+-- pgmq's read plans as the engine's receive does (0002 gave it generic plans only when the
+-- engine's functions had them; since migration 0016 conveyor._message_plans switches the
+-- engine's reading functions between generic and per-call plans with the storage, and
+-- this one with them). pgmq's send keeps generic plans, as the engine's sends do.
+DO $$
+DECLARE
+    mode text := (SELECT substr(c, length('plan_cache_mode=') + 1)
+                    FROM pg_proc p, unnest(p.proconfig) c
+                   WHERE p.oid = 'conveyor.message_receive(text, integer, integer, integer, integer)'::regprocedure
+                     AND c LIKE 'plan_cache_mode=%');
+BEGIN
+    IF mode IS NOT NULL THEN
+        EXECUTE format('ALTER FUNCTION pgmq._read(text, integer, integer, integer, integer, jsonb) SET plan_cache_mode = %s',
+                       mode);
+    END IF;
+END $$;
