@@ -27,7 +27,7 @@ LANDED = {
     "0014_message_plans_and_pop": "6a4a7186f8100fa70420c8af8e5cce50b790e82887878d9b11c2dab5b6feb0f3",
     "0015_partition_messages_reader": "5c46799bd9a2477e931270a116568af764a868a4c6f33ba8a353ed231cf5f47c",
     "0017_claim_by_key": "f1c22c5f8368fde6bc26e7784062dad131848d47cd11d016ab62ff0201d683b6",
-    "0016_queue_storage_kinds": "e6f220cd5e7bdc002ffbf7e518ae25b6b770ed3ced8cab8dd98754e51bf52703",
+    "0016_queue_storage_kinds": "0e391af8eb012df5fa2d1392090ca8aa181e6ff4c9a62c11b06ea6d1879e904f",
 }
 LANDED_DIALECTS = {
     "pgmq/0001_pgmq": "195c507c3cb8ffbf696f0e7ce0eeebae0dc276d992ae16c3adee2627344c276d",

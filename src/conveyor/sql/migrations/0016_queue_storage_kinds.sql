@@ -497,7 +497,7 @@ END $$;
 -- (each row is routed, and its partition locked, as it is inserted), and planning it at
 -- every call halved the send rate (measured). Called where such tables are made
 -- (_storage_create) and dropped (_storage_maintain); changes a function's setting only
--- when it differs, one caller at a time.
+-- when it differs, one caller at a time, and only of functions its role may alter.
 CREATE FUNCTION conveyor._message_plans() RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -512,6 +512,7 @@ BEGIN
                WHERE p.pronamespace IN ('conveyor'::regnamespace, coalesce(to_regnamespace('pgmq'), 0))
                  AND p.proconfig && ARRAY['plan_cache_mode=force_generic_plan', 'plan_cache_mode=force_custom_plan']
                  AND p.proname NOT IN ('message_send', 'message_send_json', 'message_send_batch', '_send')
+                 AND pg_has_role(p.proowner, 'USAGE')  -- another owner's (a dialect installed apart) stays
                  AND NOT p.proconfig @> ARRAY['plan_cache_mode=' || mode]
                ORDER BY p.oid LOOP
         EXECUTE format('ALTER FUNCTION %s SET plan_cache_mode = %s', fn, mode);
