@@ -41,14 +41,12 @@ import io
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -56,6 +54,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from conveyor.spark import standalone
 from sqs_bench import create_database, drop_database
 
 STREAM = "bench"
@@ -164,70 +163,6 @@ def run_spark(master: str, tree: str | None, dsn: str, work: Path, sizes: list[i
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# -- a standalone cluster on loopback ---------------------------------------------------------
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the Spark {what} exited with {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"the Spark {what} did not listen on {port} within {timeout} s")
-
-
-@contextlib.contextmanager
-def standalone(tmp: Path, workers: int = 2) -> Iterator[str]:
-    """``spark://127.0.0.1:<port>``: a master and ``workers`` one-core workers (separate
-    JVMs, as in tests/spark/test_cluster.py), terminated on the way out."""
-    import pyspark
-
-    home = Path(pyspark.__file__).parent
-    spark_class = str(home / "bin" / "spark-class")
-    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(tmp),
-           "SPARK_WORKER_DIR": str(tmp / "work"), "PYSPARK_PYTHON": sys.executable,
-           "PYSPARK_DRIVER_PYTHON": sys.executable}
-    port = _port()
-    logs = [open(tmp / name, "wb") for name in ("master.log", *(f"worker-{n}.log" for n in range(workers)))]  # noqa: SIM115
-    procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(_port())], env=env,
-                              stdout=logs[0], stderr=subprocess.STDOUT)]
-    try:
-        _wait_port(port, procs[0], "master")
-        url = f"spark://127.0.0.1:{port}"
-        for n in range(workers):
-            web = _port()
-            procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host",
-                                           "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port", str(web),
-                                           "--work-dir", str(tmp / f"work-{n}")], env=env,
-                                          stdout=logs[n + 1], stderr=subprocess.STDOUT))
-            _wait_port(web, procs[-1], f"worker {n}")
-        deadline = time.monotonic() + 60
-        while (tmp / "master.log").read_text(errors="replace").count("Registering worker") < workers:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the workers did not register with the master")
-            time.sleep(0.2)
-        yield url
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for log in logs:
-            log.close()
-
-
 # -- the run ----------------------------------------------------------------------------------
 
 def sweep_stream(size: int) -> str:
@@ -315,7 +250,7 @@ def main() -> None:
             measure("local[2]", "local[2]", sizes)
             if not args.no_cluster:
                 (work / "cluster").mkdir()
-                with standalone(work / "cluster") as url:
+                with standalone.standalone(work / "cluster") as url:
                     measure("cluster", url, sizes)
     finally:
         drop_database(database)

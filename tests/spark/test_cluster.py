@@ -6,90 +6,27 @@ source, run with ``--master spark://...`` give what local mode gives."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyspark
 import pytest
 from deltalake import DeltaTable
 
 from conveyor import crypto
 from conveyor.pipeline import archive
 from conveyor.pipeline import report as reports
+from conveyor.spark import standalone
 from spark.helpers import append, push, sql, tick
-
-SPARK_HOME = Path(pyspark.__file__).parent
-CLASS = str(SPARK_HOME / "bin" / "spark-class")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_LOG_DIR": str(tmp), "SPARK_WORKER_DIR": str(tmp / "work"),
-            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-
-
-def _log(path: Path) -> int:
-    """A file descriptor for a daemon's output (the child keeps it; ours is closed by the OS
-    when the test process ends)."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the Spark {what} exited with {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"the Spark {what} did not listen on {port} within {timeout} s")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``spark://127.0.0.1:<port>`` of a master with two one-core workers."""
-    tmp = tmp_path_factory.mktemp("spark-cluster")
-    env = _env(tmp)
-    port, web = _port(), _port()
-    procs = [subprocess.Popen([CLASS, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(web)], env=env,
-                              stdout=_log(tmp / "master.log"), stderr=subprocess.STDOUT)]
-    try:
-        _wait_port(port, procs[0], "master")
-        url = f"spark://127.0.0.1:{port}"
-        for n in range(2):
-            worker_web = _port()
-            procs.append(subprocess.Popen([CLASS, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                                           "--cores", "1", "--memory", "1g", "--webui-port", str(worker_web),
-                                           "--work-dir", str(tmp / f"work-{n}")], env=env,
-                                          stdout=_log(tmp / f"worker-{n}.log"), stderr=subprocess.STDOUT))
-            _wait_port(worker_web, procs[-1], f"worker {n}")
-        deadline = time.monotonic() + 60  # both workers registered with the master
-        while (tmp / "master.log").read_text(errors="replace").count("Registering worker") < 2:
-            assert time.monotonic() < deadline, "the workers did not register"
-            time.sleep(0.2)
+    with standalone.standalone(tmp_path_factory.mktemp("spark-cluster"), workers=2) as url:
         yield url
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 CONF = ["--conf", "spark.executor.memory=512m", "--conf", "spark.cores.max=2", "--conf",
@@ -99,7 +36,7 @@ CONF = ["--conf", "spark.executor.memory=512m", "--conf", "spark.cores.max=2", "
 
 def _conveyor(dsn: str, tmp: Path, *args: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "conveyor", "--database-url", dsn, "--json", "pipeline", *args],
-                          env=_env(tmp), capture_output=True, text=True, timeout=300)
+                          env=standalone.env(tmp), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -170,7 +107,7 @@ def test_batch_and_streaming_reads_on_the_cluster_match_local_mode(cluster, spar
     tick(dsn, "feed")
     conf = [c for c in CONF if c != "--conf"]
     proc = subprocess.run([sys.executable, "-c", READS, dsn, cluster, str(tmp_path / "cluster-checkpoint"),
-                           "on-cluster", *conf], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+                           "on-cluster", *conf], env=standalone.env(tmp_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     on_cluster = json.loads(proc.stdout.strip().splitlines()[-1])
     # the same reads in local mode (this process's session)
@@ -219,7 +156,7 @@ def test_partitioned_queue_reads_on_the_cluster_match_local_mode(cluster, spark,
     keyring = crypto.Keyring.parse(key)
     push(dsn, "sealed", "s", [keyring.seal_text(json.dumps({"n": i})) for i in range(30)], encrypted=True)
     conf = [c for c in CONF if c != "--conf"]
-    env = {**_env(tmp_path), "CONVEYOR_ENCRYPTION_KEY": key}
+    env = {**standalone.env(tmp_path), "CONVEYOR_ENCRYPTION_KEY": key}
     proc = subprocess.run([sys.executable, "-c", PARTITIONED_READS, dsn, cluster, str(tmp_path / "cluster-checkpoint"),
                            *conf], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
