@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 
 import pytest
 
@@ -261,6 +262,38 @@ async def test_message_uuid_sender_and_system_attributes_travel_with_the_message
     assert await messages.receive(conn, "jobs") == []  # dead-lettered now
     [dead] = await messages.peek(conn, "dlq")
     assert dead.message_uuid == sent.message_uuid and dead.sender_id == "AIDA1"
+
+
+async def test_message_uuids_are_distinct_version_4_uuids_per_message(conn):
+    """A send draws one random seed per statement (migration 0018) and makes each message's
+    UUID from it and the message's id: distinct within a batch and across batches, in the
+    RFC 4122 version 4 form SQS MessageIds take; a UUID the caller gives is kept."""
+    await queues.create(conn, "jobs")
+    await queues.create(conn, "jobs.fifo", {"fifo": True})
+    given = uuid.uuid4()
+    first = await messages.send_batch(conn, "jobs", [M(str(i)) for i in range(500)] + [M("x", message_uuid=given)])
+    second = await messages.send_batch(conn, "jobs", [M(str(i)) for i in range(500)])
+    fifo = await messages.send_batch(conn, "jobs.fifo", [M(str(i), group_id="g", dedup_id=str(i)) for i in range(50)])
+    assert first[-1].message_uuid == given
+    made = [s.message_uuid for s in first[:-1] + second + fifo]
+    assert len(set(made)) == len(made) == 1050
+    assert {(u.version, u.variant) for u in made} == {(4, uuid.RFC_4122)}
+    stored = {r[0] for r in await (await conn.execute("SELECT message_uuid FROM conveyor.messages")).fetchall()}
+    assert stored == set(made) | {given}
+
+
+async def test_message_uuid_of_an_id_is_a_bijection_of_its_low_48_bits(conn):
+    """conveyor._message_uuid keeps the seed's first 80 bits and XORs the id into its last 48,
+    so ids that differ in their low 48 bits never share a UUID."""
+    seed = str(uuid.uuid4())
+    rows = await (await conn.execute(
+        "SELECT conveyor._message_uuid(%s, i)::text FROM unnest(%s::bigint[]) i",
+        (seed, [0, 1, 2, 3, 2**40, 2**48 - 1, 2**48 + 5, 2**62]))).fetchall()
+    got = [r[0] for r in rows]
+    assert all(u[:24] == seed[:24] for u in got)
+    assert got[0] == seed  # id 0 XORs nothing
+    assert len(set(got[:6])) == 6
+    assert int(got[6][24:], 16) == int(seed[24:], 16) ^ 5 and int(got[7][24:], 16) == int(seed[24:], 16)
 
 
 async def test_bad_message_objects_are_rejected(conn):

@@ -464,6 +464,9 @@ def test_sends_store_what_the_engines_send_stores(sql: psycopg.Connection, q: st
                     (q + "_c", msgs, headers))
         rows = [sql.execute(STORED.encode(), (name,)).fetchall() for name in (q + "_a", q + "_b", q + "_c")]
     assert rows[0] == rows[1] == rows[2]
+    made = [u for (u,) in sql.execute("SELECT message_uuid FROM conveyor.messages m JOIN conveyor.queues x "
+                                      "ON x.id = m.queue_id WHERE x.name = ANY (%s)", ([q + "_a", q + "_b", q + "_c"],))]
+    assert len(set(made)) == len(made) == 12 and {(u.version, u.variant) for u in made} == {(4, uuid.RFC_4122)}
     assert [r[:4] for r in rows[0]] == [('{"n": 1}', "application/json", {"x-pgmq-group": "g1", "k": "v"}, "g1"),
                                         ("null", "application/json", None, None),
                                         ('"text"', "application/json", None, None),
