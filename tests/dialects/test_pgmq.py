@@ -285,6 +285,19 @@ def test_read_with_poll_waits_for_a_send(sql: psycopg.Connection, db: str, q: st
     assert time.monotonic() - started < 3
 
 
+def test_sends_wake_long_pollers_only_while_listened(sql: psycopg.Connection, db: str, q: str) -> None:
+    """pgmq.send/send_batch NOTIFY conveyor_queue (the server's long polls wake on it) while
+    the queue is listened (conveyor.queue_listen), and not otherwise."""
+    sql.execute("SELECT pgmq.create(%s)", (q,))
+    with psycopg.connect(db, autocommit=True) as listener:
+        listener.execute("LISTEN conveyor_queue")
+        sql.execute("SELECT * FROM pgmq.send(%s, '1')", (q,))
+        assert list(listener.notifies(timeout=0.3)) == []
+        sql.execute("SELECT conveyor.queue_listen(%s, 60)", (q,))
+        sql.execute("SELECT * FROM pgmq.send_batch(%s, ARRAY['2', '3']::jsonb[])", (q,))
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == [f"2 {q}"]
+
+
 def test_conditional_read_is_refused_clearly(sql: psycopg.Connection, q: str) -> None:
     sql.execute("SELECT pgmq.create(%s)", (q,))
     with pytest.raises(psycopg.errors.FeatureNotSupported, match="conditional reads are not supported"):
