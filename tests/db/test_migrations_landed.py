@@ -28,6 +28,7 @@ LANDED = {
     "0015_partition_messages_reader": "5c46799bd9a2477e931270a116568af764a868a4c6f33ba8a353ed231cf5f47c",
     "0017_claim_by_key": "f1c22c5f8368fde6bc26e7784062dad131848d47cd11d016ab62ff0201d683b6",
     "0016_queue_storage_kinds": "0e391af8eb012df5fa2d1392090ca8aa181e6ff4c9a62c11b06ea6d1879e904f",
+    "0018_statement_message_ids": "070a76b912e0177f7f2e7baef9dc64796ef0d078af52c94710b633072f078019",
 }
 LANDED_DIALECTS = {
     "pgmq/0001_pgmq": "195c507c3cb8ffbf696f0e7ce0eeebae0dc276d992ae16c3adee2627344c276d",
@@ -37,6 +38,8 @@ LANDED_DIALECTS = {
     "pgmq/0002_direct_paths": "6350f8672e3285d3bc5a340679cc3e3c4b37b09423ec63a78d4ee61b9073908e",
     "pgq/0002_static_appends": "8463da272fd7447196292d034836d7c080dff14f06ffe5d75de963d22b04cd0a",
     "pgmq/0003_storage_kinds": "03f6004b1c6612d7d054761eb0b48313b81493de8fd11050883c462b949b7ed0",
+    "pgmq/0004_statement_message_ids": "f87c2d808b7458abae3d66d2a828582ac6febf1e1ffbf225f4f00b49ea15a35a",
+    "pgq/0003_trigger_queries": "0c0cd5ed6b73127f2a0c2f266675dc72c0f7fcb9f3ee1152b9abbc54894b766b",
 }
 
 
