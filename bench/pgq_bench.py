@@ -11,6 +11,9 @@ postgresql-15-pgq3: C insert_event and C triggers). The same SQL runs against bo
                                         the WAL flush's), one connection
   insert_event, 1,000 per statement     SELECT pgq.insert_event(...) FROM generate_series
   trigger insert (logutriga), 1/tx      INSERT into a table with pgq.logutriga
+  minimal PL/pgSQL trigger, 1/tx        the same INSERT with a PL/pgSQL trigger that only
+                                        calls pgq.insert_event with a constant event (the
+                                        same function on both: a PL/pgSQL trigger's floor)
   consume, batches of 1,000 / of 10     next_batch + get_batch_events (all rows fetched)
                                         + finish_batch, each batch in its transaction,
                                         over --events events ticked every 1,000 / 10
@@ -95,12 +98,24 @@ def insert_statement(conn: psycopg.Connection, events: int, deadline: float) -> 
     return n
 
 
-def trigger_insert(conn: psycopg.Connection, events: int, deadline: float) -> int:
+# The least a PL/pgSQL CDC trigger can do: append a constant event (what logutriga would
+# append for the row, without reading the catalog or the row). The same function on both
+# systems: the floor of a trigger written in PL/pgSQL over each one's insert_event.
+MINIMAL_TRIGGER = """
+CREATE OR REPLACE FUNCTION public.bench_minimal_cdc() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgq.insert_event(TG_ARGV[0], 'I:id', 'id=1&name=xxxxxxxxxxxxxxxxxxxx&qty=1&at=2026-11-26+02%3a28%3a17%2b00',
+                             TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, NULL, NULL, NULL);
+    RETURN NULL;
+END $$"""
+
+
+def trigger_insert(conn: psycopg.Connection, events: int, deadline: float, function: str = "pgq.logutriga") -> int:
     fresh_queue(conn)
     conn.execute("DROP TABLE IF EXISTS bench_rows")
     conn.execute("CREATE TABLE bench_rows (id bigserial PRIMARY KEY, name text, qty int, at timestamptz DEFAULT now())")
     conn.execute("CREATE TRIGGER cdc AFTER INSERT OR UPDATE OR DELETE ON bench_rows FOR EACH ROW "
-                 f"EXECUTE PROCEDURE pgq.logutriga('{QUEUE}')")
+                 f"EXECUTE PROCEDURE {function}('{QUEUE}')")
     conn.execute("SET synchronous_commit = off")
     n = 0
     while n < events and time.perf_counter() < deadline:
@@ -140,6 +155,9 @@ def measure_once(dsn: str, args: argparse.Namespace, rates: dict[str, list[float
             timed(lambda d: insert_statement(conn, args.events * 5, d), args.seconds))
         rates.setdefault("logutriga row insert, 1 per transaction", []).append(
             timed(lambda d: trigger_insert(conn, args.events, d), args.seconds))
+        conn.execute(MINIMAL_TRIGGER)
+        rates.setdefault("minimal PL/pgSQL trigger row insert, 1/tx", []).append(
+            timed(lambda d: trigger_insert(conn, args.events, d, "public.bench_minimal_cdc"), args.seconds))
         for size in (1000, 10):
             fill(conn, args.events if size == 1000 else args.events // 10, size)
             rates.setdefault(f"next_batch+get_batch_events+finish, {size:,}/batch", []).append(
