@@ -31,6 +31,8 @@
     ├── Unavailable              503 — the database cannot be reached right now
     │   ├── DatabaseUnreachable    — and the request never reached it (nothing was done)
     │   ├── Throttled              — too much is waiting already: retry later
+    │   ├── DatabaseRejected       — the database refused the connection for good (wrong URL,
+    │   │                              database, role or password): retrying will not help
     │   ├── SchemaMismatch         — a migration applied to the database differs from this build's
     │   └── SchemaMissing          (3F000) — the Conveyor schema is not installed
     │       └── SchemaOutdated     (42883) — it lacks a function this code needs
@@ -187,6 +189,12 @@ class DatabaseUnreachable(Unavailable):
     """The request never reached the database (no connection could be had, or the
     database is known to be down): nothing of it was done, so it may be taken elsewhere
     (the failover spool) without risk of doing it twice."""
+
+
+class DatabaseRejected(Unavailable):
+    """The database refused the connection for a reason that does not heal by waiting: a
+    missing database or role, a wrong password, no pg_hba.conf entry, a malformed URL
+    (conveyor.db.reach)."""
 
 
 class Throttled(Unavailable):

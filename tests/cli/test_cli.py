@@ -233,7 +233,9 @@ def test_invalid_input_is_a_clean_error(dsn):
 
 
 def test_unreachable_database_is_a_clean_error():
-    assert "unavailable" in failed(run(NOWHERE, "status"))
+    said = failed(run(NOWHERE, "status"))
+    assert "cannot connect to the database at postgresql://nobody@127.0.0.1:1/nowhere" in said
+    assert "Connection refused" in said
 
 
 # -- output helpers ------------------------------------------------------------------------

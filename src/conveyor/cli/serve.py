@@ -46,6 +46,7 @@ def serve(obj, host, port, queen_port, hq_port, workers, auth_mode, fusion, migr
                             migrate=migrate, log_level=log_level, log_format=log_format)
     logs.configure(settings.log_format, settings.log_level)
     with context.database_url(settings) as dsn:
+        context.reach(dsn, log, settings.database_wait)
         where = "DATABASE_URL" if settings.database_url else "the embedded cluster"
         log.info("conveyor serving on http://%s:%s (database: %s; %d worker%s)", settings.host, settings.port,
                  where, settings.workers, "" if settings.workers == 1 else "s")
