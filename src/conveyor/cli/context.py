@@ -21,6 +21,11 @@ from conveyor.settings import Settings
 T = TypeVar("T")
 
 
+def embedded_cluster(settings: Settings) -> embedded.EmbeddedPostgres:
+    """The embedded cluster of ``settings`` (not started)."""
+    return embedded.EmbeddedPostgres(Path(settings.data_dir) if settings.data_dir else None)
+
+
 @contextlib.contextmanager
 def database_url(settings: Settings) -> Iterator[str]:
     """The DSN to use, running the embedded cluster for the duration if needed."""
@@ -28,7 +33,7 @@ def database_url(settings: Settings) -> Iterator[str]:
         yield settings.database_url
         return
     try:
-        cluster = embedded.EmbeddedPostgres(Path(settings.data_dir) if settings.data_dir else None)
+        cluster = embedded_cluster(settings)
         dsn = cluster.start()
     except embedded.EmbeddedError as exc:
         raise click.ClickException(str(exc)) from None
