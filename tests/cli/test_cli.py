@@ -167,7 +167,8 @@ def test_fifo_send_with_group_and_dedup(dsn):
 def test_status_empty(dsn):
     assert ok(run(dsn, "status")).strip() == "no queues"
     assert ok_json(run(dsn, "status", "--json")) == {
-        "queues": [], "streams": [], "consumers": [], "topics": [], "schedules": [],
+        "queues": [], "streams": [], "consumers": [], "partitioned_queues": [], "consumer_groups": [],
+        "topics": [], "schedules": [],
         "webhooks": {"pending": 0, "due": 0, "held": 0, "exhausted": 0, "oldest_pending_age": None}}
 
 

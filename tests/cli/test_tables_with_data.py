@@ -10,7 +10,10 @@ case, or a stated reason not to print a table.
 
 from __future__ import annotations
 
+import json
+
 import click
+import psycopg
 import pytest
 
 from support.cli import CLI, ok, ok_json, run
@@ -19,16 +22,16 @@ Q = "tbl-jobs"
 DLQ = "tbl-jobs-dlq"
 STREAM = "tbl-orders"
 
-# command path -> arguments; each prints a table or record that must name ``expect``
-CASES: dict[str, tuple[list[str], str]] = {
+# command path -> arguments; each prints a table or record that must name each of ``expect``
+CASES: dict[str, tuple[list[str], str | tuple[str, ...]]] = {
     "db status": ([], "0001"),
     "queues list": ([], Q),
     "queues show": ([Q], Q),
     "queues dead-letters": ([Q], "dead-body"),
     "peek": ([Q, "--max", "5"], "live-body"),
     "receive": ([Q, "--max", "1", "--vt", "30"], "live-body"),
-    "status": ([], Q),
-    "top": (["--iterations", "1", "--prefix", "tbl-"], Q),
+    "status": ([], (Q, "tbl-pq", "reporting", "tbl-topic", "nightly")),
+    "top": (["--iterations", "1", "--prefix", "tbl-"], (Q, STREAM, "tbl-pq", "reporting", "tbl-topic")),
     "streams list": ([], STREAM),
     "streams show": ([STREAM], STREAM),
     "streams consumers": ([STREAM], "billing"),
@@ -50,6 +53,7 @@ NOT_TABLES = {
     "serve": "tests/server/test_run.py",
     "db migrate": "tests/cli/test_cli.py",
     "db sql": "tests/cli/test_cli.py",
+    "db url": "test_db_commands.py", "db psql": "test_db_commands.py",
     "queues create": "test_cli.py::test_queue_lifecycle", "queues alter": "test_cli.py::test_queue_lifecycle",
     "queues delete": "test_cli.py::test_delete_asks_and_n_aborts", "queues purge": "test_cli.py",
     "queues reencrypt": "tests/server/test_encryption.py",
@@ -109,6 +113,10 @@ def filled(module_dsn: str) -> str:
     ok(run(dsn, "topics", "subscribe", "orders.#", "--queue", Q))
     ok(run(dsn, "topics", "subscribe", "orders.#", "--endpoint", "http://127.0.0.1:9/hook"))
     ok(run(dsn, "topics", "publish", "orders.created", '{"id": 7}'))
+    with psycopg.connect(dsn, autocommit=True) as conn:  # a partitioned (Queen) queue with a consumer group
+        conn.execute("SELECT conveyor.pqueue_push(%s::jsonb)",
+                     (json.dumps([{"queue": "tbl-pq", "partition": "p1", "payload": {"n": 1}}]),))
+        conn.execute("SELECT conveyor.pqueue_subscribe('tbl-pq', 'reporting')")
     ok(run(dsn, "schedules", "create", "nightly", "--cron", "0 2 * * *", "--queue", Q, "--message", "report"))
     return dsn
 
@@ -119,4 +127,5 @@ def test_table_output_with_data(filled: str, command: str):
     result = run(filled, *command.split(), *args)
     assert result.exit_code == 0, (result.output, result.exception)
     assert "Traceback" not in result.output
-    assert expect in result.stdout, result.stdout
+    for word in (expect,) if isinstance(expect, str) else expect:
+        assert word in result.stdout, result.stdout
