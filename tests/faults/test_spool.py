@@ -216,3 +216,53 @@ async def test_sqs_sends_spool_only_when_allowed_and_keep_their_message_id(clust
                     raise AssertionError("the spooled SQS message never landed under its MessageId")
         finally:
             server.kill()
+
+
+async def _stored_bodies(dsn: str, queue: str) -> collections.Counter[str]:
+    async with pool.connect(dsn) as conn:
+        cur = await conn.execute("SELECT m.body FROM conveyor.messages m JOIN conveyor.queues q ON q.id = m.queue_id "
+                                 "WHERE q.name = %s", (queue,))
+        return collections.Counter(body for (body,) in await cur.fetchall())
+
+
+def _journal(spool_dir: Path) -> list[Path]:
+    """The segments waiting to be replayed."""
+    return list(spool_dir.glob("slot-*/*.spool"))
+
+
+async def _until_replayed(c: httpx.AsyncClient, spool_dir: Path, queue: str) -> None:
+    """Bounded (10 s): until the server answers a send with 201 again and its journal is empty."""
+    for _ in range(100):
+        r = await c.post(f"/v1/queues/{queue}/messages", json={"message": "after"})
+        if r.status_code == 201 and not _journal(spool_dir):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the spool was not replayed within 10 s")
+
+
+async def test_the_first_write_after_a_fast_shutdown_is_spooled_not_refused(cluster, tmp_path: Path):
+    """Issue 25, item 11: ``pg_ctl stop -m fast`` terminates every backend ("terminating
+    connection due to administrator command", 57P01) before the first send after it runs:
+    that send never ran, so it is spooled like the 99 after it, not answered 503."""
+    dsn = cluster.dsn
+    async with pool.connect(dsn) as conn:
+        from conveyor.db import migrate
+
+        await migrate.migrate(conn)
+        await queues.create(conn, "first-std")
+    spool_dir = tmp_path / "spool"
+    server = ServerProcess(dsn, env={"CONVEYOR_SPOOL_DIR": str(spool_dir)}).start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+            for _ in range(5):  # the pool's connections are open and idle
+                assert (await c.post("/v1/queues/first-std/messages", json={"message": "warm"})).status_code == 201
+            await asyncio.to_thread(cluster.stop)  # pg_ctl stop -m fast
+            codes = [(await c.post("/v1/queues/first-std/messages", json={"message": f"m{i}"})).status_code
+                     for i in range(100)]
+            assert codes == [202] * 100, f"answers while the database is down: {collections.Counter(codes)}"
+            await asyncio.to_thread(cluster.start)
+            await _until_replayed(c, spool_dir, "first-std")
+        stored = await _stored_bodies(dsn, "first-std")
+        assert all(stored[f"m{i}"] == 1 for i in range(100)), "every spooled send stored once"
+    finally:
+        server.kill()
