@@ -10,6 +10,7 @@ import os
 import resource
 import stat
 import struct
+import uuid
 import zlib
 from pathlib import Path
 
@@ -17,7 +18,12 @@ import orjson
 import pytest
 
 from conveyor import errors
+from conveyor.core import messages, queues, spooled
+from conveyor.db.pool import Database
+from conveyor.server.broker import ServerBroker
+from conveyor.server.metrics import Metrics
 from conveyor.server.spool import Spool
+from conveyor.settings import Settings
 
 
 async def test_appends_come_back_in_order_with_keys_that_are_never_reused(tmp_path):
@@ -217,3 +223,43 @@ async def test_full_is_a_clear_refusal(tmp_path):
     spool.remove(segment)
     assert spool.size == 0 and not os.listdir(spool.slot_dir)
     spool.close()
+
+
+# -- the replay (ServerBroker.replay_spool) against the real database ----------------------
+
+
+@pytest.mark.parametrize("crash_in", ["remove", "forget"])
+async def test_a_replay_cut_after_a_segment_is_stored_stores_nothing_twice(dsn, tmp_path, monkeypatch, crash_in):
+    """The process dies after a segment's records are stored, around removing it and
+    forgetting its keys (a crash injected at either step): the next replay stores none of
+    them again. Forgetting the keys first would have let a crash before the removal replay
+    the whole segment again."""
+    db = Database(dsn, min_size=1, max_size=2)
+    await db.open(wait=True)
+    try:
+        async with db.connection() as conn:
+            await queues.create(conn, "replayed")
+        spool = Spool(tmp_path, 1 << 20)
+        for i in range(3):
+            await spool.append({"kind": "send", "queue": "replayed", "sealed": False,
+                                "messages": [{"body": f"m{i}", "message_uuid": str(uuid.uuid4())}]})
+        spool.seal_segment()
+        broker = ServerBroker(Settings(), db, Metrics())
+        broker.spool = spool
+
+        def crash(*_args: object) -> None:
+            raise RuntimeError("the process dies here")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(spooled if crash_in == "forget" else spool, crash_in, crash)
+            with pytest.raises(RuntimeError, match="dies here"):
+                await broker.replay_spool()
+        spool.close()
+        broker.spool = Spool(tmp_path, 1 << 20)  # the restart
+        await broker.replay_spool()
+        broker.spool.close()
+        async with db.connection() as conn:
+            bodies = [m.body for m in await messages.receive(conn, "replayed", qty=10)]
+        assert sorted(bodies) == ["m0", "m1", "m2"]
+    finally:
+        await db.close()
