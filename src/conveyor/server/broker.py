@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,7 +22,7 @@ from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
 from conveyor.server.fusion import BatchPolicy, Fuser, Static, Vegas
 from conveyor.server.metrics import Metrics
-from conveyor.server.spool import Spool
+from conveyor.server.spool import Damage, Spool
 from conveyor.server.waiters import WaiterHub, partitioned_key, partitioned_queue, stream_key
 from conveyor.settings import Settings
 
@@ -311,9 +312,9 @@ class ServerBroker:
         done = 0
         self.spool.seal_segment()  # appends from now on go to a segment of their own
         for segment in self.spool.sealed_segments():
-            records = list(self.spool.records_of(segment))
-            for at in range(0, len(records), SPOOL_PAGE):
-                page = records[at:at + SPOOL_PAGE]
+            contents = self.spool.read(segment)
+            for at in range(0, len(contents.records), SPOOL_PAGE):
+                page = contents.records[at:at + SPOOL_PAGE]
                 async with self.database.connection() as conn, conn.transaction():
                     fresh = await spooled.claim(conn, [r.key for r in page])
                     for record in page:
@@ -321,15 +322,31 @@ class ServerBroker:
                             await self._replay_one(conn, record)
                 self.spool.replayed(len(page))
                 done += len(page)
+            if contents.damage:
+                self._keep_damaged(segment, contents.damage)
+            else:
+                self.spool.remove(segment)
+            # only once the segment is gone: forgotten keys of a segment still there would
+            # let a crash here replay it again
             async with self.database.connection() as conn:
                 await spooled.forget(conn, self.spool.prefix(segment))
-            self.spool.remove(segment)
         if done:
             log.warning("replayed %d spooled writes", done)
             self.metrics.spool_replayed.inc(done)
         if self.spool.waiting <= 0:
             self._spool_drained.set()
         return done
+
+    def _keep_damaged(self, segment: Path, damage: list[Damage]) -> None:
+        """A segment with damage: its readable records are replayed; the damaged stretches
+        are set aside in ``rejected.jsonl``, logged and counted, and the segment is kept."""
+        assert self.spool is not None
+        kept = self.spool.keep_damaged(segment, damage)
+        self.metrics.spool_damaged.inc(len(damage))
+        for d in damage:
+            log.error("the failover spool's segment %s is damaged at byte %d (%d bytes: %s): the rest of it is "
+                      "replayed, the damage set aside in rejected.jsonl (%s) and the segment kept as %s",
+                      segment.name, d.offset, d.length, d.reason, d.key, kept.name)
 
     async def _replay_one(self, conn: Connection, record: Any) -> None:
         """One record in a savepoint: one the database refuses (its queue is gone, a

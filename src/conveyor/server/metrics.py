@@ -132,6 +132,9 @@ class Metrics:
                                       registry=r)
         self.spool_rejected = Counter("conveyor_spool_rejected_total", "Spool records the database refused at "
                                       "replay (set aside in the slot's rejected.jsonl)", registry=r)
+        self.spool_damaged = Counter("conveyor_spool_damaged_total", "Damaged stretches of spool segments "
+                                     "(unreadable records) found at replay: set aside in the slot's rejected.jsonl, "
+                                     "the segment kept as .damaged", registry=r)
         # background workers (server/supervisor.py)
         self.worker_up = Gauge("conveyor_worker_up", "1 while the background worker runs, 0 while it waits "
                                "to be started again after a failure (with several processes: the lowest)",
