@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 from psycopg import conninfo
@@ -102,7 +103,8 @@ async def test_a_connection_terminated_by_the_server_is_unreachable_not_ambiguou
 
 async def test_an_idle_connection_the_server_terminated_is_found_before_anything_is_sent(empty_dsn):
     """What ``pg_ctl stop -m fast`` leaves in the pool: the server's 57P01 and the end of the
-    stream, unread. The next checkout reads them: no query is sent on that connection."""
+    stream, unread. The next checkout reads them (no query is sent on that connection) and,
+    the server still refusing nothing, replaces the connection."""
     db = Database(empty_dsn, min_size=1, max_size=1)
     await db.open(wait=True)
     try:
@@ -111,16 +113,38 @@ async def test_an_idle_connection_the_server_terminated_is_found_before_anything
         async with pool.connect(empty_dsn) as other:
             await other.execute("SELECT pg_terminate_backend(%s)", (pid,))
         await asyncio.sleep(0.2)
-        with pytest.raises(errors.DatabaseUnreachable, match="while it was idle"):
-            async with db.connection() as conn:
-                await conn.execute("SELECT 1")
+        async with db.connection() as conn:
+            assert (await (await conn.execute("SELECT pg_backend_pid()")).fetchone())[0] != pid
+        assert not db.down
     finally:
         await db.close()
 
 
-async def test_an_idle_connection_found_closed_is_unreachable(empty_dsn):
-    """The connection was closed while it sat in the pool (no message from the server at
-    all: a killed server, a dropped link): found before anything is sent on it."""
+async def test_idle_connections_cut_while_the_database_is_up_are_replaced_unnoticed(empty_dsn):
+    """A proxy's idle cut (or idle_session_timeout) closes pooled connections while the
+    database is fine: the requests that find them get other, working ones."""
+    port = int(conninfo.conninfo_to_dict(empty_dsn).get("port") or 5432)
+    proxy = await Proxy(port).start()
+    db = Database(_via(empty_dsn, proxy), min_size=2, max_size=2)
+    await db.open(wait=True)
+    try:
+        async with db.connection() as a, db.connection() as b:
+            await a.execute("SELECT 1")
+            await b.execute("SELECT 1")
+        proxy.cut()
+        await asyncio.sleep(0.2)
+        async with db.connection() as a, db.connection() as b:  # both idle ones were cut
+            await a.execute("SELECT 1")
+            await b.execute("SELECT 1")
+        assert not db.down
+    finally:
+        await db.close()
+        await proxy.close()
+
+
+async def test_idle_connections_found_closed_while_the_database_is_gone_are_unreachable(empty_dsn):
+    """Every idle connection closed and no new one to be had (a server shut down): the
+    request fails within REPLACE_TIMEOUT as unreachable, nothing having been sent."""
     port = int(conninfo.conninfo_to_dict(empty_dsn).get("port") or 5432)
     proxy = await Proxy(port).start()
     db = Database(_via(empty_dsn, proxy), min_size=1, max_size=1)
@@ -128,15 +152,16 @@ async def test_an_idle_connection_found_closed_is_unreachable(empty_dsn):
     try:
         async with db.connection() as conn:
             await conn.execute("SELECT 1")
-        proxy.cut()
+        await proxy.close()  # no new connections either
         await asyncio.sleep(0.2)
+        started = time.monotonic()
         with pytest.raises(errors.DatabaseUnreachable, match="closed"):
             async with db.connection() as conn:
                 await conn.execute("SELECT 1")
+        assert time.monotonic() - started < pool.REPLACE_TIMEOUT + 1
         assert db.down
     finally:
         await db.close()
-        await proxy.close()
 
 
 async def test_a_connection_lost_after_the_query_was_sent_stays_ambiguous(empty_dsn):

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 RECONNECT_WINDOW = 5.0
 # At most one drain of the whole pool per this many seconds (see ``_drain_soon``).
 DRAIN_INTERVAL = 1.0
+# How long a request waits for a fresh connection once the idle ones it was given were all
+# found closed (``Database._checked_out``): the database was probably shut down.
+REPLACE_TIMEOUT = 1.0
 # Reads of an idle connection's pending input at checkout (``_check_idle``): enough for a
 # server's last message and the end of the stream.
 IDLE_READS = 4
@@ -99,9 +102,11 @@ class Database:
             raise errors.DatabaseUnreachable("the database is unreachable; calls fail at once until it answers again")
         try:
             with execute.translated():
-                async with self._pool.connection(timeout=timeout) as conn:
-                    _check_idle(conn)
+                conn = await self._checked_out(timeout)
+                try:
                     yield conn
+                finally:
+                    await self._pool.putconn(conn)
         except Exception as exc:
             if isinstance(exc.__cause__, (psycopg.OperationalError, psycopg_pool.PoolTimeout)):
                 self._check_soon()
@@ -117,6 +122,34 @@ class Database:
                 raise errors.DatabaseUnreachable(told.message if isinstance(told, errors.ConveyorError) else str(told)) \
                     from exc.__cause__
             raise
+
+    async def _checked_out(self, timeout: float | None) -> execute.Connection:
+        """A pooled connection that was not closed while it sat idle (``_check_idle``).
+
+        One found closed goes back to the pool, which drops it, and another is taken: an
+        idle connection cut by a proxy or ``idle_session_timeout`` is replaced without the
+        request noticing. Once the idle ones are used up, a fresh one is waited for at most
+        ``REPLACE_TIMEOUT``: a database that was shut down (every idle connection closed at
+        once) is then reported unreachable within that time, nothing having been sent."""
+        found_closed: _FoundClosed | None = None
+        for _ in range(self._pool.max_size + 1):
+            idle = self._pool.get_stats().get("pool_available", 0)
+            wait = timeout if found_closed is None or idle > 0 else min(timeout or REPLACE_TIMEOUT, REPLACE_TIMEOUT)
+            try:
+                conn = await self._pool.getconn(timeout=wait)
+            except psycopg_pool.PoolTimeout as exc:
+                if found_closed is not None:
+                    raise found_closed from exc
+                raise
+            try:
+                _check_idle(conn)
+            except _FoundClosed as exc:
+                await self._pool.putconn(conn)  # broken: the pool discards it and makes another
+                found_closed = exc
+                continue
+            return conn
+        assert found_closed is not None
+        raise found_closed
 
     async def ping(self, timeout: float) -> None:
         """Raise unless a pooled connection answers within ``timeout`` seconds."""

@@ -358,10 +358,15 @@ class ServerBroker:
         except errors.Unavailable:
             raise
         except errors.ConveyorError as exc:
-            assert self.spool is not None
-            self.spool.reject(record, exc.message)
-            self.metrics.spool_rejected.inc()
-            log.error("spooled write %s refused by the database (set aside): %s", record.key, exc.message)
+            self._reject_spooled(record, exc.message)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # framed whole, but not a write of ours
+            self._reject_spooled(record, f"malformed record ({type(exc).__name__}: {exc})")
+
+    def _reject_spooled(self, record: Any, reason: str) -> None:
+        assert self.spool is not None
+        self.spool.reject(record, reason)
+        self.metrics.spool_rejected.inc()
+        log.error("spooled write %s set aside: %s", record.key, reason)
 
     async def _replay_forever(self) -> None:
         while True:
