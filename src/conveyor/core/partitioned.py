@@ -66,7 +66,9 @@ async def pop_many(conn: Connection, requests: Sequence[Json]) -> list[Json]:
 
 async def ack(conn: Connection, acks: Sequence[Json], *, strict: bool = False) -> list[Json]:
     """Acknowledge ``{transactionId, partitionId, leaseId?, status, error?, consumerGroup?}``
-    each; one answer per ack. ``strict`` raises on the first refused one instead."""
+    each; one answer per ack. An ack acts under the lease it names; one naming none is
+    refused while another holds a live lease on its partition for its group. ``strict``
+    raises on the first refused one instead."""
     return await db.fetch_scalar(conn, "pqueue_ack", {"acks": db.jsonb(list(acks)), "strict": strict}, list)
 
 
@@ -75,9 +77,13 @@ async def renew(conn: Connection, leases: Sequence[Json]) -> list[Json]:
     return await db.fetch_scalar(conn, "pqueue_renew", {"leases": db.jsonb(list(leases))}, list)
 
 
-async def transaction(conn: Connection, operations: Sequence[Json]) -> Json:
-    """Acks and pushes, all or nothing (``errors.LeaseNotHeld`` if an ack's lease is gone)."""
-    return await db.fetch_scalar(conn, "pqueue_transaction", {"operations": db.jsonb(list(operations))}, dict)
+async def transaction(conn: Connection, operations: Sequence[Json], required_leases: Sequence[str] = ()) -> Json:
+    """Acks and pushes, all or nothing (``errors.LeaseNotHeld`` if an ack's lease is gone,
+    or one of ``required_leases`` is no longer held; acks naming no lease act under the
+    required lease of their partition)."""
+    return await db.fetch_scalar(conn, "pqueue_transaction", {
+        "operations": db.jsonb(list(operations)),
+        "required_leases": db.jsonb(list(required_leases)) if required_leases else None}, dict)
 
 
 async def subscribe(conn: Connection, queue: str, group: str, mode: str = "all",

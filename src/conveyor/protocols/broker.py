@@ -74,7 +74,10 @@ class Broker(Protocol):
 
     async def pq_renew(self, leases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
 
-    async def pq_transaction(self, operations: Sequence[dict[str, Any]]) -> dict[str, Any]: ...
+    async def pq_transaction(self, operations: Sequence[dict[str, Any]], *,
+                             required_leases: Sequence[str] = ()) -> dict[str, Any]:
+        """Acks and pushes, all or nothing; ``required_leases`` must all still be held (acks
+        naming no lease act under them)."""
 
     def pq_opened(self, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Partitioned-queue messages read from the database with sealed payloads opened

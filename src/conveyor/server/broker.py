@@ -567,12 +567,13 @@ class ServerBroker:
     async def _pq_renew_fused(self, _key: None, requests: Sequence[Sequence[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
         return _split(await self._pq_renew_db([x for r in requests for x in r]), [len(r) for r in requests])
 
-    async def pq_transaction(self, operations: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    async def pq_transaction(self, operations: Sequence[dict[str, Any]], *,
+                             required_leases: Sequence[str] = ()) -> dict[str, Any]:
         """Acks and pushes in one transaction, never fused (all or nothing on its own)."""
         operations = [{**op, "items": await self._pq_sealed(op["items"])} if op.get("type") == "push" else op
                       for op in operations]
         async with self.database.connection() as conn:
-            return await partitioned.transaction(conn, operations)
+            return await partitioned.transaction(conn, operations, required_leases)
 
     # -- topics ----------------------------------------------------------------------
 

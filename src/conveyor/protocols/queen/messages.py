@@ -163,8 +163,11 @@ async def transaction(request: Request) -> Response:
             ops.append({"type": "ack", **_ack_item(op, None)})
         else:
             raise errors.InvalidInput(f"Unknown operation type: {str(op.get('type'))[:40]}")
+    leases = data.get("requiredLeases")
+    if leases is not None and (not isinstance(leases, list) or not all(isinstance(x, str) for x in leases)):
+        raise errors.InvalidInput("requiredLeases must be an array of lease ids")
     try:
-        done = await req.broker(request).pq_transaction(ops)
+        done = await req.broker(request).pq_transaction(ops, required_leases=leases or ())
     except (errors.LeaseNotHeld, errors.PartitionMessageNotFound) as exc:
         # all or nothing: nothing was kept; Queen answers the failure in the body
         return req.json({"success": False, "error": exc.message, "results": []})

@@ -40,7 +40,7 @@ SELECT conveyor.pqueue_ack(%(acks)s::jsonb, %(strict)s::boolean)
 SELECT conveyor.pqueue_renew(%(leases)s::jsonb)
 
 -- name: pqueue_transaction
-SELECT conveyor.pqueue_transaction(%(operations)s::jsonb)
+SELECT conveyor.pqueue_transaction(%(operations)s::jsonb, %(required_leases)s::jsonb)
 
 -- name: pqueue_subscribe
 SELECT queue_id, name, mode, start_at, created_at FROM conveyor.pqueue_subscribe(%(queue)s::text, %(group)s::text, %(mode)s::text, %(start_at)s::timestamptz)
