@@ -36,6 +36,22 @@ async def test_push_is_idempotent_per_partition(conn):
     assert q is not None and q.lease_time == 300  # created by the push
 
 
+async def test_create_missing_creates_within_its_bounds_or_nothing(conn):
+    await pq.configure(conn, "there")
+    assert await pq.create_missing(conn, ["there", "b", "a", "b"], max_new=2, max_total=3) == ["a", "b"]
+    assert await pq.create_missing(conn, ["there", "a"], max_new=0, max_total=3) == []  # nothing new
+    with pytest.raises(errors.QueueLimitReached, match="may not create"):
+        await pq.create_missing(conn, ["c"], max_new=0)
+    with pytest.raises(errors.QueueLimitReached, match=r"names 2 queues .* at most 1"):
+        await pq.create_missing(conn, ["c", "d"], max_new=1)
+    with pytest.raises(errors.QueueLimitReached, match="3 partitioned queues exist"):
+        await pq.create_missing(conn, ["c"], max_new=5, max_total=3)
+    with pytest.raises(errors.InvalidInput, match="invalid queue name"):
+        await pq.create_missing(conn, ["ok", "not ok"])
+    assert [q.name for q in await pq.list_all(conn)] == ["a", "b", "there"]
+    assert await pq.create_missing(conn, ["c", "d"]) == ["c", "d"]  # no bounds: the SQL API's default
+
+
 async def test_a_lease_gives_a_partition_to_one_worker(conn):
     await pq.push(conn, _items("jobs", "a", "1", "2") + _items("jobs", "b", "3"))
     first = await pq.pop(conn, {"queue": "jobs", "batch": 10})

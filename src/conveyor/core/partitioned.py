@@ -34,6 +34,11 @@ async def get(conn: Connection, name: str) -> types.PartitionedQueue | None:
     return await db.fetch_one(conn, "pqueue_get", {"name": name}, row=types.PartitionedQueue)
 
 
+async def get_many(conn: Connection, names: Sequence[str]) -> list[types.PartitionedQueue]:
+    """Those of the named queues that exist."""
+    return await db.fetch_all(conn, "pqueue_get_many", {"names": list(names)}, row=types.PartitionedQueue)
+
+
 async def list_all(conn: Connection) -> list[types.PartitionedQueue]:
     return await db.fetch_all(conn, "pqueue_list", row=types.PartitionedQueue)
 
@@ -49,8 +54,18 @@ async def listen(conn: Connection, name: str, seconds: int) -> None:
 
 async def push(conn: Connection, items: Sequence[Json]) -> list[Json]:
     """Push items ``{queue, partition?, payload, transactionId?, traceId?, producerSub?,
-    encrypted?}``; one answer per item (``status`` queued or duplicate)."""
+    encrypted?}``; one answer per item (``status`` queued or duplicate). Queues it names
+    that do not exist are created (bound that first with ``create_missing``)."""
     return await db.fetch_scalar(conn, "pqueue_push", {"items": db.jsonb(list(items))}, list)
+
+
+async def create_missing(conn: Connection, names: Sequence[str], *, max_new: int | None = None,
+                         max_total: int | None = None) -> list[str]:
+    """Create those of ``names`` that do not exist, at most ``max_new`` of them and none
+    beyond ``max_total`` partitioned queues in all (None: no bound); beyond either,
+    nothing is created (``errors.QueueLimitReached``). Returns the names created."""
+    return await db.fetch_scalar(conn, "pqueue_create_missing",
+                                 {"names": list(names), "max_new": max_new, "max_total": max_total}, list)
 
 
 async def pop(conn: Connection, request: Json) -> Json:

@@ -1,6 +1,7 @@
 -- Conveyor 0021: an acknowledgement that names no lease cannot settle what another
--- consumer holds (issue 25, item 2), and a transaction's acks are fenced by the leases its
--- caller says it holds (Queen's requiredLeases).
+-- consumer holds (issue 25, item 2), a transaction's acks are fenced by the leases its
+-- caller says it holds (Queen's requiredLeases), and a push creates queues only within
+-- the bounds its caller is given (issue 25, item 6).
 --
 -- Before: pqueue_ack checked the leaseId of an ack only when one was given. A worker whose
 -- lease had run out could ack without one while another worker held a new lease on the
@@ -221,11 +222,62 @@ BEGIN
     RETURN jsonb_build_object('acks', acks, 'pushes', pushes);
 END $$;
 
-REVOKE ALL ON FUNCTION conveyor.pqueue_transaction(jsonb, jsonb) FROM PUBLIC;
+-- Creates the queues of a push that do not exist yet, within bounds: at most max_new of
+-- them (NULL: any number), and none beyond max_total partitioned queues in all (NULL: no
+-- bound). Beyond either, nothing is created and CVK04 is raised. Creations through here
+-- are counted one at a time (an advisory lock, taken only when something is new), so
+-- concurrent pushes cannot overshoot max_total together. Returns the names it created.
+CREATE FUNCTION conveyor.pqueue_create_missing(names text[], max_new integer DEFAULT NULL,
+                                               max_total integer DEFAULT NULL) RETURNS text[]
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    fresh text[];
+    existing bigint;
+    created text[];
+BEGIN
+    PERFORM conveyor._pqueue_name_check(n) FROM unnest(names) n;
+    SELECT array_agg(DISTINCT n ORDER BY n) INTO fresh FROM unnest(names) n
+     WHERE NOT EXISTS (SELECT 1 FROM conveyor.pqueues q WHERE q.name = n);
+    IF fresh IS NULL THEN
+        RETURN '{}';
+    END IF;
+    IF max_new IS NOT NULL AND cardinality(fresh) > max_new THEN
+        PERFORM conveyor._raise('CVK04', CASE WHEN max_new <= 0
+            THEN format('queue %s does not exist, and this push may not create queues', quote_literal(left(fresh[1], 100)))
+            ELSE format('this push names %s queues that do not exist; a push may create at most %s',
+                        cardinality(fresh), max_new) END);
+    END IF;
+    IF max_total IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('conveyor.pqueue_create_missing', 7306554613));
+        -- a new statement, so a new snapshot: what the last holder of the lock created counts
+        SELECT array_agg(DISTINCT n ORDER BY n) INTO fresh FROM unnest(fresh) n
+         WHERE NOT EXISTS (SELECT 1 FROM conveyor.pqueues q WHERE q.name = n);
+        IF fresh IS NULL THEN
+            RETURN '{}';
+        END IF;
+        SELECT count(*) INTO existing FROM conveyor.pqueues;
+        IF existing + cardinality(fresh) > max_total THEN
+            PERFORM conveyor._raise('CVK04', format(
+                'pushes create no more queues: %s partitioned queues exist and pushes may create them up to %s '
+                '(configuring a queue still creates it)', existing, max_total));
+        END IF;
+    END IF;
+    WITH made AS (
+        INSERT INTO conveyor.pqueues (name) SELECT n FROM unnest(fresh) n ORDER BY n
+        ON CONFLICT (name) DO NOTHING
+        RETURNING name)
+    SELECT coalesce(array_agg(name ORDER BY name), '{}') INTO created FROM made;
+    RETURN created;
+END $$;
+
+REVOKE ALL ON FUNCTION conveyor.pqueue_transaction(jsonb, jsonb), conveyor.pqueue_create_missing(text[], integer, integer)
+    FROM PUBLIC;
 
 DO $$
 BEGIN
-    GRANT EXECUTE ON FUNCTION conveyor.pqueue_transaction(jsonb, jsonb) TO conveyor_writer;
+    GRANT EXECUTE ON FUNCTION conveyor.pqueue_transaction(jsonb, jsonb),
+                              conveyor.pqueue_create_missing(text[], integer, integer)
+        TO conveyor_writer;
 EXCEPTION WHEN undefined_object THEN
     RAISE WARNING 'conveyor: roles missing, grants skipped (%)', SQLERRM;
 END $$;
