@@ -27,6 +27,7 @@
     │   ├── DataException          (SQLSTATE class 22: bad encodings, numbers out of range)
     │   └── MessageTooLarge      413 (CVM01)
     ├── PermissionDenied         403 — the caller's role may not do this (42501)
+    │   └── QueueLimitReached      (CVK04) — a push would create queues beyond what it may
     ├── Unauthorized             403 — no or unknown credentials
     ├── Unavailable              503 — the database cannot be reached right now
     │   ├── DatabaseUnreachable    — and the request never reached it (nothing was done)
@@ -173,6 +174,11 @@ class MessageTooLarge(InvalidInput, sqlstate="CVM01"):
 
 class PermissionDenied(ConveyorError, sqlstate="42501"):
     pass
+
+
+class QueueLimitReached(PermissionDenied, sqlstate="CVK04"):
+    """A push would create partitioned queues its caller may not create: beyond its share
+    per push, or past the number a server lets pushes create (docs/queen.md)."""
 
 
 class Unauthorized(ConveyorError):

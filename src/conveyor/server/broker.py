@@ -98,7 +98,7 @@ class ServerBroker:
                 "pq_renew": fuser("renew", self._pq_renew_fused, settings.fusion_max_batch, len),
             }
         self._queue_cache: dict[str, tuple[types.Queue, float]] = {}
-        self._pq_cache: dict[str, tuple[bool, float]] = {}
+        self._pq_cache: dict[str, tuple[bool | None, float]] = {}  # queue: (encrypted, None if missing; until)
         self.keyring = crypto.Keyring.of(settings.encryption_keys) if settings.encryption_keys else None
         self.spool: Spool | None = None
         self._replayer: asyncio.Task[None] | None = None
@@ -189,25 +189,68 @@ class ServerBroker:
             out.append(m)
         return out
 
-    async def _pq_encrypted(self, names: set[str]) -> set[str]:
-        """Which of these partitioned queues have encryptionEnabled (cached like queues)."""
-        found = set()
+    @staticmethod
+    def _pq_named(items: Sequence[dict[str, Any]]) -> set[str]:
+        return {i["queue"] for i in items if isinstance(i.get("queue"), str)}
+
+    def _pq_remember(self, name: str, encrypted: bool | None) -> None:
+        """Cache what a partitioned queue is: encrypted or not, None if it does not exist."""
+        if len(self._pq_cache) > QUEUE_CACHE_SIZE:
+            self._pq_cache.clear()
+        self._pq_cache[name] = (encrypted, time.monotonic() + QUEUE_CACHE_SECONDS)
+
+    def _pq_stale(self, names: set[str]) -> list[str]:
         now = time.monotonic()
-        for name in names:
-            cached = self._pq_cache.get(name)
-            if cached is None or cached[1] <= now:
-                async with self.database.connection() as conn:
-                    found_queue = await partitioned.get(conn, name)
-                enabled = found_queue is not None and found_queue.encryption_enabled  # a new queue: not encrypted
-                if len(self._pq_cache) > QUEUE_CACHE_SIZE:
-                    self._pq_cache.clear()
-                cached = self._pq_cache[name] = (enabled, now + QUEUE_CACHE_SECONDS)
-            if cached[0]:
-                found.add(name)
+        return sorted(n for n in names if (c := self._pq_cache.get(n)) is None or c[1] <= now)
+
+    async def _pq_lookup(self, names: set[str], conn: Connection | None = None) -> dict[str, bool | None]:
+        """What these partitioned queues are (encrypted or not, None if missing): cached like
+        queues, those not known looked up in one query."""
+        stale = self._pq_stale(names)
+        found: dict[str, bool | None] = {n: c[0] for n in names - set(stale) if (c := self._pq_cache.get(n))}
+        if stale:
+            async with contextlib.AsyncExitStack() as stack:
+                if conn is None:
+                    conn = await stack.enter_async_context(self.database.connection())
+                there = {q.name: q.encryption_enabled for q in await partitioned.get_many(conn, stale)}
+            for name in stale:
+                found[name] = there.get(name)
+                self._pq_remember(name, found[name])
         return found
 
+    def _pq_unknown(self, items: Sequence[dict[str, Any]]) -> list[str]:
+        """The queues ``items`` name that this process does not know to exist, however old
+        its knowledge (for the failover spool, when the database cannot be asked)."""
+        return sorted(n for n in self._pq_named(items) if (c := self._pq_cache.get(n)) is None or c[0] is None)
+
+    async def _pq_create_missing(self, items: Sequence[dict[str, Any]], creatable: int | None,
+                                 conn: Connection | None = None) -> list[str]:
+        """Create the queues ``items`` name that do not exist: at most ``creatable`` (None:
+        any number), and none past CONVEYOR_QUEEN_CREATE_MAX_QUEUES queues in all
+        (``errors.QueueLimitReached``, nothing created). The names created; the caller
+        reports them with ``_pq_created`` once committed."""
+        known = await self._pq_lookup(self._pq_named(items), conn)
+        missing = sorted(n for n, encrypted in known.items() if encrypted is None)
+        if not missing:
+            return []
+        async with contextlib.AsyncExitStack() as stack:
+            if conn is None:
+                conn = await stack.enter_async_context(self.database.connection())
+            return await partitioned.create_missing(conn, missing, max_new=creatable,
+                                                    max_total=self.settings.queen_create_max_queues or None)
+
+    def _pq_created(self, names: Sequence[str]) -> None:
+        for name in names:
+            self._pq_remember(name, False)  # a new queue: not encrypted
+        if names:
+            self.metrics.pqueues_created.inc(len(names))
+
+    async def _pq_encrypted(self, names: set[str]) -> set[str]:
+        """Which of these partitioned queues have encryptionEnabled (a new queue has not)."""
+        return {n for n, encrypted in (await self._pq_lookup(names)).items() if encrypted}
+
     async def _pq_sealed(self, items: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
-        encrypted = await self._pq_encrypted({i["queue"] for i in items if isinstance(i.get("queue"), str)})
+        encrypted = await self._pq_encrypted(self._pq_named(items))
         if not encrypted:
             return items
         keyring = self._keyring(f"queue {sorted(encrypted)[0]!r}")
@@ -279,8 +322,13 @@ class ServerBroker:
         return [types.Sent(id=0, message_uuid=m.message_uuid, spooled=True)
                 for m in promised if m.message_uuid is not None]
 
-    async def _spool_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _spool_push(self, items: Sequence[dict[str, Any]], creatable: int) -> list[dict[str, Any]]:
         assert self.spool is not None
+        unknown = self._pq_unknown(items)
+        if len(unknown) > creatable:  # the database cannot tell whether they exist: the replay could create them
+            raise errors.Unavailable(f"queue {unknown[0][:100]!r} is not known to this server, and whether this "
+                                     f"push may create it cannot be checked while the database is unreachable; "
+                                     f"retry later")
         stamped = [{**i, "transactionId": i.get("transactionId") or str(uuid.uuid4())} for i in items]
         flags = {i.get("queue"): self._pq_cache.get(i.get("queue")) for i in stamped}  # the database cannot be asked
         sealed = all(flag is not None for flag in flags.values())  # else sealed when replayed
@@ -290,7 +338,7 @@ class ServerBroker:
             stamped = [{**i, "payload": keyring.seal_text(orjson.dumps(i.get("payload")).decode()), "encrypted": True}
                        if i.get("queue") in encrypted else i for i in stamped]
         self._spool_drained.clear()
-        await self.spool.append({"kind": "pq_push", "sealed": sealed, "items": stamped})
+        await self.spool.append({"kind": "pq_push", "sealed": sealed, "items": stamped, "create": creatable})
         self.metrics.spooled.inc(len(stamped))
         return [{"index": n, "status": "buffered", "transactionId": i["transactionId"], "queue": i.get("queue"),
                  "partition": i.get("partition") or "Default"} for n, i in enumerate(stamped)]
@@ -303,8 +351,11 @@ class ServerBroker:
                 batch = await self._sealed(body["queue"], batch)
             await messages.send_batch(conn, body["queue"], batch)
         else:
+            # the bounds of create-on-push hold at replay (records spooled before them had none)
+            created = await self._pq_create_missing(body["items"], body.get("create"), conn)
             items = body["items"] if body["sealed"] else await self._pq_sealed(body["items"])
             await partitioned.push(conn, items)
+            self._pq_created(created)
 
     async def replay_spool(self) -> int:
         """Replay every record waiting in the spool, oldest first, exactly once; how many."""
@@ -492,19 +543,21 @@ class ServerBroker:
 
     # -- partitioned queues --------------------------------------------------------------
 
-    async def pq_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def pq_push(self, items: Sequence[dict[str, Any]], *, creatable: int) -> list[dict[str, Any]]:
         """Push items (any queues, any partitions): one answer each, in order (while the
-        database is down, taken by the failover spool: status ``buffered``)."""
+        database is down, taken by the failover spool: status ``buffered``). The queues
+        they name that do not exist are created first, at most ``creatable`` of them."""
         if await self._must_spool():
-            return await self._spool_push(items)
+            return await self._spool_push(items, creatable)
         try:
+            self._pq_created(await self._pq_create_missing(items, creatable))
             sealed = await self._pq_sealed(items)
             if "pq_push" in self.fusers:
                 return await self._fused("pq_push", None, sealed)
             return await self._pq_push_db(sealed)
         except errors.DatabaseUnreachable:  # never reached the database: safe to take it here
             if self._spooling():
-                return await self._spool_push(items)
+                return await self._spool_push(items, creatable)
             raise
 
     async def _pq_push_db(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -589,12 +642,19 @@ class ServerBroker:
     async def _pq_renew_fused(self, _key: None, requests: Sequence[Sequence[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
         return _split(await self._pq_renew_db([x for r in requests for x in r]), [len(r) for r in requests])
 
-    async def pq_transaction(self, operations: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """Acks and pushes in one transaction, never fused (all or nothing on its own)."""
+    async def pq_transaction(self, operations: Sequence[dict[str, Any]], *, required_leases: Sequence[str] = (),
+                             creatable: int) -> dict[str, Any]:
+        """Acks and pushes in one transaction, never fused (all or nothing on its own,
+        the queues its pushes create included)."""
+        pushed = [i for op in operations if op.get("type") == "push" for i in op["items"]]
         operations = [{**op, "items": await self._pq_sealed(op["items"])} if op.get("type") == "push" else op
                       for op in operations]
         async with self.database.connection() as conn:
-            return await partitioned.transaction(conn, operations)
+            async with conn.transaction():
+                created = await self._pq_create_missing(pushed, creatable, conn)
+                done = await partitioned.transaction(conn, operations, required_leases)
+            self._pq_created(created)
+            return done
 
     # -- topics ----------------------------------------------------------------------
 

@@ -92,6 +92,8 @@ class Metrics:
                                       ["stream", "consumer"], **same)
         self.group_lag = Gauge("pqueue_group_lag_messages", "Messages a consumer group of a partitioned queue "
                                "has still to consume", ["queue", "group"], **same)
+        self.pqueues_created = Counter("pqueue_queues_created_on_push_total", "Partitioned queues created by a "
+                                       "push that named them (Queen's create-on-push)", registry=r)
         self.group_partitions_behind = Gauge("pqueue_group_partitions_behind", "Partitions with messages a "
                                              "consumer group has not consumed", ["queue", "group"], **same)
         # topics: publishes and webhook deliveries (server/webhooks.py)
