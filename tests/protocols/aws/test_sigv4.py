@@ -50,7 +50,8 @@ class Wire:
     signed_at: datetime
 
     def verify(self, secrets=SECRETS, **kwargs) -> Identity:
-        return verify(self.method, self.path, self.query, self.headers, self.body, secrets, **kwargs)
+        return verify(self.method, self.path, self.query, self.headers, self.body, secrets,
+                      **{"service": SERVICE, **kwargs})
 
     def header(self, name: str) -> str:
         return next(v for k, v in self.headers if k == name)
@@ -231,7 +232,7 @@ def test_real_boto3_client_requests():
         headers = [("host", url.netloc)] + [(k.lower(), v if isinstance(v, str) else v.decode())
                                             for k, v in request.headers.items()]
         body = request.body or b""
-        assert verify(request.method, url.path, url.query, headers, body, SECRETS) == IDENTITY
+        assert verify(request.method, url.path, url.query, headers, body, SECRETS, service=SERVICE) == IDENTITY
 
 
 # --- presigned URLs ---------------------------------------------------------------------------
@@ -274,7 +275,7 @@ def test_presigned_url_missing_and_bad_parameters():
     wire = presigned(params={"Action": "ListQueues"})
     without_sig = "&".join(p for p in wire.query.split("&") if not p.startswith("X-Amz-Signature="))
     with pytest.raises(SignatureError) as caught:
-        verify("GET", "/", without_sig, wire.headers, b"", SECRETS)
+        verify("GET", "/", without_sig, wire.headers, b"", SECRETS, service=SERVICE)
     assert caught.value.code == "IncompleteSignature" and caught.value.status == 400
     assert "must include 'X-Amz-Signature'" in caught.value.message
     for bad in ("X-Amz-Expires=0", "X-Amz-Expires=604801", "X-Amz-Expires=soon"):
@@ -414,6 +415,15 @@ def test_credential_scope_date_mismatch():
     assert error.message.startswith(
         "Date in Credential scope does not match YYYYMMDD from ISO-8601 version of date from HTTP: "
         f"'{wire.signed_at:%Y%m%d}' != '{day_before:%Y%m%d}'")
+
+
+def test_credential_scope_must_name_the_service_called():
+    """A valid SQS signature is no SNS signature (and the other way round), header or presigned."""
+    for wire in (query_post(), presigned(params={"Action": "ListQueues"})):
+        assert wire.verify(service="sqs") == IDENTITY
+        error = rejected(wire, service="sns")
+        assert (error.code, error.status) == ("SignatureDoesNotMatch", 403)
+        assert error.message == "Credential should be scoped to correct service: 'sns'. "
 
 
 def test_host_must_be_signed():

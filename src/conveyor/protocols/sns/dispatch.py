@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = wire.Service(target_prefix="AmazonSNS", json_type_prefix="com.amazonaws.sns#", namespace=NAMESPACE,
                        inputs=INPUT, outputs=OUTPUT, query_compatible=True)
+SIGNING_NAME = "sns"  # the service a SigV4 credential scope must name
 
 Handler = Callable[[Context, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
@@ -105,7 +106,7 @@ async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> R
     protocol = service.protocol(request)
     try:
         anonymous = _is_unsubscribe_link(request, body)
-        caller = service.ANONYMOUS if anonymous else service.authenticate(endpoint, request, body, SnsError)
+        caller = service.ANONYMOUS if anonymous else service.authenticate(endpoint, request, body, SnsError, SIGNING_NAME)
         call = service.read(SERVICE, request, body, request_id)
         if not anonymous:
             service.authorize(caller, ROLES[call.action], call.action, SnsError)
