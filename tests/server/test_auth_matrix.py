@@ -166,13 +166,35 @@ def test_only_a_bare_unsubscribe_link_skips_authentication(servers, creds):
     for r in smuggled:
         assert r.status_code == 403, r.text
     assert name not in str(admin.list_topics()["Topics"])
-    # the bare link still works without credentials
+
+
+@pytest.mark.parametrize("mode,creds", SERVERS)
+def test_a_bare_unsubscribe_link_needs_its_token_unless_anyone_may_call(servers, mode, creds):
+    """The bare link took the subscription ARN (which every reader lists) as its capability.
+    Now it needs the token delivered to the endpoint (tests/sns/test_subscription_actions.py),
+    in every mode but the one where anyone may call anything as admin (none, no AWS keys)."""
+    server = servers[(mode, creds)]
+    admin = _admin_sns(server, mode, creds)
     topic = admin.create_topic(Name=f"links-{uuid.uuid4().hex[:8]}")["TopicArn"]
-    sub = admin.subscribe(TopicArn=topic, Protocol="sqs",
-                          Endpoint=f"arn:aws:sqs:us-east-1:000000000000:{_queue(server)}")["SubscriptionArn"]
+    sub = admin.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/in")["SubscriptionArn"]
     r = httpx.get(server.url + "/", params={"Action": "Unsubscribe", "SubscriptionArn": sub})
-    assert r.status_code == 200, r.text
-    assert admin.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+    left = [s["SubscriptionArn"] for s in admin.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]]
+    if mode == "none" and not creds:
+        assert r.status_code == 200 and left == [], r.text
+    else:
+        assert r.status_code == 403 and "<Code>AuthorizationError</Code>" in r.text, r.text
+        assert left == [sub]
+
+
+def _admin_sns(server: ServerProcess, mode: str, creds: bool):
+    """An admin's boto3 SNS client; in token mode without AWS keys it sends the admin's
+    bearer token in place of a signature."""
+    client = sns_client(server.url, "query", secret_key="good-secret")
+    if mode == "token" and not creds:
+        def bearer(request, **_kwargs) -> None:
+            request.headers["Authorization"] = "Bearer good-token"
+        client.meta.events.register("before-send.sns", bearer)
+    return client
 
 
 def _signed_for(url: str, service: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
