@@ -281,11 +281,11 @@ def test_presigned_url_missing_and_bad_parameters():
     for bad in ("X-Amz-Expires=0", "X-Amz-Expires=604801", "X-Amz-Expires=soon"):
         query = "&".join(bad if p.startswith("X-Amz-Expires=") else p for p in wire.query.split("&"))
         with pytest.raises(SignatureError) as caught:
-            verify("GET", "/", query, wire.headers, b"", SECRETS)
+            verify("GET", "/", query, wire.headers, b"", SECRETS, service=SERVICE)
         assert caught.value.code == "IncompleteSignature"
     query = wire.query.replace("X-Amz-Algorithm=AWS4-HMAC-SHA256", "X-Amz-Algorithm=AWS4-ECDSA-P256-SHA256")
     with pytest.raises(SignatureError) as caught:
-        verify("GET", "/", query, wire.headers, b"", SECRETS)
+        verify("GET", "/", query, wire.headers, b"", SECRETS, service=SERVICE)
     assert caught.value.code == "IncompleteSignature"
 
 
@@ -493,7 +493,7 @@ def test_any_request_gets_an_identity_or_a_signature_error(authorization, amz_da
         if value is not None:
             headers.append((name, value))
     try:
-        verify("POST", path, query, headers, b"Action=ListQueues", SECRETS, now=datetime(2026, 1, 1, tzinfo=UTC))
+        verify("POST", path, query, headers, b"Action=ListQueues", SECRETS, service=SERVICE, now=datetime(2026, 1, 1, tzinfo=UTC))
     except SignatureError as exc:
         assert exc.code and exc.message
     parse_scope(authorization)
