@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from conveyor import types
-from conveyor.core import receipts
+from conveyor.core import receipts, unsubscribe_links
 
 
 class Broker(Protocol):
@@ -52,6 +52,10 @@ class Broker(Protocol):
     @property
     def receipts(self) -> receipts.Keyring:
         """Makes and checks the receipts of queue deliveries (one key per database)."""
+
+    @property
+    def unsubscribe_links(self) -> unsubscribe_links.Links:
+        """Checks the tokens of SNS unsubscribe links (one key per database)."""
 
     def topic_urls(self, base_url: str | None = None) -> types.TopicUrls:
         """ARN region/account and URLs for SNS envelopes; ``base_url`` (what the client

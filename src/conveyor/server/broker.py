@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from conveyor import crypto, errors, tracing, types
-from conveyor.core import messages, partitioned, queues, receipts, signing, spooled, streams, topics
+from conveyor.core import messages, partitioned, queues, receipts, signing, spooled, streams, topics, unsubscribe_links
 from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
 from conveyor.server.fusion import BatchPolicy, Fuser, Static, Vegas
@@ -107,6 +107,7 @@ class ServerBroker:
                                  poll_fallback=settings.poll_fallback_seconds)
         self._signer: signing.Signer | None = None
         self._receipts: receipts.Keyring | None = None
+        self._unsubscribe_links: unsubscribe_links.Links | None = None
         self._signer_lock = asyncio.Lock()
 
     @staticmethod
@@ -726,7 +727,7 @@ class ServerBroker:
             return await messages.set_vt(conn, queue, [d.id for d in deliveries], vt, in_flight_only,
                                          [d.receive_count for d in deliveries])
 
-    # -- receipts ----------------------------------------------------------------------
+    # -- keys: receipts, unsubscribe links -----------------------------------------------
 
     @property
     def receipts(self) -> receipts.Keyring:
@@ -735,14 +736,22 @@ class ServerBroker:
             raise errors.Unavailable("the server has not loaded its receipt key yet")
         return self._receipts
 
-    async def _load_receipts(self) -> None:
+    @property
+    def unsubscribe_links(self) -> unsubscribe_links.Links:
+        """The database's unsubscribe-link key, loaded when the server started."""
+        if self._unsubscribe_links is None:
+            raise errors.Unavailable("the server has not loaded its unsubscribe key yet")
+        return self._unsubscribe_links
+
+    async def _load_keys(self) -> None:
         async with self.database.connection() as conn:
             self._receipts = await receipts.load(conn)
+            self._unsubscribe_links = await unsubscribe_links.load(conn)
 
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self._load_receipts()
+        await self._load_keys()
         if self.settings.spool_dir is not None:
             self.spool = Spool(self.settings.spool_dir, self.settings.spool_max_bytes)
             if self.spool.waiting:  # leftovers of a server that stopped before replaying them
