@@ -8,6 +8,7 @@ equal, except where tests/dialects/expected_differences.toml says why they are n
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
 import time
@@ -239,7 +240,7 @@ async def run(variant: str, dsn: str, q: str) -> dict[str, Any]:
     answers: dict[str, Any] = {}
     try:
         for step, method, args, kwargs in steps(q, rollback):
-            call = (lambda *a, **k: method(client, *a, **k)) if callable(method) else getattr(client, method)
+            call = functools.partial(method, client) if callable(method) else getattr(client, method)
             try:
                 result = call(*args, **kwargs)
                 if inspect.isawaitable(result):
@@ -372,7 +373,6 @@ SQL_STEPS = [
 
 
 def test_pgmqs_other_functions_answer_as_real_pgmq(pair: tuple[str, str]) -> None:
-    ours_dsn, theirs_dsn = pair
     q = f"sql_{uuid.uuid4().hex[:8]}"
     answers: list[dict[str, Any]] = []
     for dsn in pair:
