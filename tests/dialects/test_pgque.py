@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pgque
@@ -23,6 +24,7 @@ from psycopg import conninfo, sql
 
 from conftest import create_database, drop_database, unique_name
 from conveyor.db import migrate, pool
+from dialects import differences
 from support.server import ServerProcess
 
 # -- fixtures: a template with the dialect installed, cloned per test ----------------------
@@ -738,3 +740,18 @@ def test_the_coop_consumer_class_consumes_as_a_subconsumer(db, pq_dsn):
         consumer.stop()
         thread.join(10)
     assert not thread.is_alive()
+
+
+# -- every function of PgQue's SQL -----------------------------------------------------------
+
+PGQUE_FUNCTIONS = Path(__file__).with_name("pgque_0_2_0_functions.txt")
+
+
+def test_every_pgque_function_is_there_with_pgques_signature(db):
+    """Each function of PgQue 0.2.0's SQL, by name and arguments, is in the dialect, or
+    listed in expected_differences.toml with the reason it is not."""
+    real = [line for line in PGQUE_FUNCTIONS.read_text("utf-8").splitlines() if line and not line.startswith("#")]
+    mine = {r[0] for r in db.execute(
+        "SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' FROM pg_proc p "
+        "WHERE p.pronamespace = 'pgque'::regnamespace AND p.proname !~ '^_'")}
+    differences.check("pgque", "catalog", {sig: sig in mine for sig in real}, dict.fromkeys(real, True))
