@@ -21,6 +21,7 @@
     │   ├── MessageNotInFlight     (CVM02)
     │   ├── StaleReceipt           — the message was delivered again since this receipt
     │   ├── BatchPartlyReceived    (CVS05) — a stream batch was not handed out whole
+    │   ├── CooperativeConsumer    (CVS06) — a cooperative consumer's batches go to its members
     │   ├── StagedRowsMissing      (CVP01) — a Spark write's staged rows were lost; nothing published
     │   └── LeaseNotHeld           (CVK02) — a partition's lease expired, was released or is another's
     ├── InvalidInput             400 — the request is malformed or out of range (CVV01)
@@ -153,6 +154,11 @@ class StaleReceipt(Conflict):
 
 class BatchPartlyReceived(Conflict, sqlstate="CVS05"):
     """A stream batch handed out in pages was acknowledged before its last page."""
+
+
+class CooperativeConsumer(Conflict, sqlstate="CVS06"):
+    """A consumer with cooperative members (or a member) asked for a batch the plain way:
+    its batches are taken by its members (conveyor.stream_next_batch_coop)."""
 
 
 class StagedRowsMissing(Conflict, sqlstate="CVP01"):
