@@ -16,6 +16,8 @@ def arrays(levels: int, leaf: str = "1") -> str:
 
 
 def test_the_limit_is_what_orjson_can_write_back_with_room_for_envelopes():
+    written, beyond = json_input.encoder_depth()
+    assert written >= MAX_DEPTH + 4 and beyond  # (the check relies on orjson refusing deeper values)
     deepest = json_input.loads(arrays(MAX_DEPTH))
     for envelope in range(4):  # a receive wraps a body in a few arrays and objects more
         orjson.dumps({"messages": [{"data": deepest}]} if envelope else deepest)
@@ -57,6 +59,7 @@ def test_big_integers_only_when_asked_and_still_limited():
     with pytest.raises(orjson.JSONDecodeError):
         json_input.loads(huge)
     assert json_input.loads(huge, big_integers=True) == int(huge)
+    assert json_input.loads(arrays(MAX_DEPTH, huge), big_integers=True) == json.loads(arrays(MAX_DEPTH, huge))
     with pytest.raises(json_input.TooDeep):
         json_input.loads(arrays(MAX_DEPTH + 1, huge), big_integers=True)
     with pytest.raises(json_input.TooDeep):  # the standard library's parser would recurse out
