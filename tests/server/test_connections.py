@@ -140,3 +140,21 @@ def test_a_flood_past_the_connection_bound_pushes_out_the_oldest_idle_ones(dsn, 
 def test_connection_settings_out_of_range_are_refused(env):
     with pytest.raises(ValueError):
         Settings.from_env(env)
+
+
+def test_upgrade_requests_do_not_leak_places_in_the_bound(dsn):
+    """Conveyor serves no WebSocket: an Upgrade request is an ordinary request, and its
+    connection leaves the bound when it closes (a connection handed to a WebSocket
+    protocol used to stay counted for ever, so 100 of them shut everyone out)."""
+    server = ServerProcess(dsn, env={"CONVEYOR_MAX_CONNECTIONS": "20"}).start()
+    try:
+        upgrade = (b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                   b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        for _ in range(40):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+                s.sendall(upgrade)
+                s.recv(4096)
+        for _ in range(5):
+            assert httpx.get(server.url + "/livez", headers={"Connection": "close"}, timeout=5).status_code == 200
+    finally:
+        server.kill()

@@ -123,6 +123,11 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._member and not self.pipeline and not self.transport.is_closing():
             self.table.wait(self)  # idle: uvicorn armed its keep-alive timer (idle_timeout)
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """Conveyor serves no WebSocket (run.py: ``ws="none"``): an Upgrade request is served
+        as the HTTP request it is, without uvicorn's two warnings for each (one advising to
+        install a WebSocket library), which anyone could fill the log with."""
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._forget()
         super().connection_lost(exc)

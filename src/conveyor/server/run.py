@@ -62,6 +62,9 @@ def _config(app: object, settings: Settings) -> uvicorn.Config:
         # worker has its own table
         http=connections.protocol(settings.max_connections, settings.http_header_timeout),
         timeout_keep_alive=settings.http_idle_timeout,  # typed int, used as a delay: a float works
+        # no WebSocket route exists: an Upgrade request is served as the HTTP request it is
+        # (a connection handed to a WebSocket protocol would leave the bound above)
+        ws="none",
         lifespan="on",
         access_log=False,
         log_config=None,  # uvicorn's records go through conveyor.logs' handler, text or JSON
