@@ -62,6 +62,12 @@ def _answers(server: ServerProcess, queue: str, i: int) -> None:
         assert c.delete(f"/v1/queues/{queue}/messages/{got[0]['id']}").status_code in (200, 204)
 
 
+def _closed_count(server: ServerProcess, reason: str) -> float:
+    text = httpx.get(server.url + "/metrics", headers={"Connection": "close"}, timeout=5).text
+    prefix = f'conveyor_connections_closed_total{{reason="{reason}"}} '
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
 def _close_all(socks: list[socket.socket]) -> None:
     for s in socks:
         s.close()
@@ -94,6 +100,7 @@ def test_unfinished_headers_and_silent_connections_are_closed_after_their_deadli
             assert not any(_closed(s) for s in every), "closed before the deadline"
         left = _wait_closed(every, timeout=4 - (time.monotonic() - started) + 6)
         assert not left, f"{len(left)} of {len(every)} connections still open {time.monotonic() - started:.1f}s in"
+        assert _closed_count(server, "headers") >= 270 and _closed_count(server, "idle") >= 250
         _answers(server, queue_name, 99)
     finally:
         _close_all(partial + silent + trickling)
@@ -130,6 +137,7 @@ def test_a_flood_past_the_connection_bound_pushes_out_the_oldest_idle_ones(dsn, 
         open_now = [s for s in socks if not _closed(s)]
         assert len(open_now) <= 100, f"{len(open_now)} connections held, beyond the bound of 100"
         assert all(s in open_now for s in socks[-50:]), "the newest were pushed out rather than the oldest"
+        assert _closed_count(server, "pushed_out") >= 300
     finally:
         _close_all(socks)
         server.kill()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -42,20 +43,19 @@ class Table:
     """The connections of one server process; those without a request in progress, oldest
     first, are the ones a newcomer beyond ``limit`` may push out."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, closed: Callable[[str], None]) -> None:
         self.limit = limit
+        self.closed = closed  # counts a connection the server closed, by reason
         self.count = 0
-        self.evictions = 0
         self.waiting: dict[GuardedProtocol, None] = {}  # insertion-ordered: oldest first
 
     def admit(self, conn: GuardedProtocol) -> bool:
         """Make room for ``conn``; False if there is none (every connection is busy)."""
         if self.count >= self.limit:
             if not self.waiting:
+                self.closed("refused")
                 return False
-            oldest = next(iter(self.waiting))
-            self.evictions += 1
-            oldest.drop()
+            next(iter(self.waiting)).drop("pushed_out")
         self.count += 1
         self.waiting[conn] = None
         return True
@@ -64,9 +64,6 @@ class Table:
         """``conn`` has no request in progress from now on (newest in line)."""
         self.waiting.pop(conn, None)
         self.waiting[conn] = None
-
-    def busy(self, conn: GuardedProtocol) -> None:
-        self.waiting.pop(conn, None)
 
     def leave(self, conn: GuardedProtocol) -> None:
         self.count -= 1
@@ -84,7 +81,6 @@ class GuardedProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._member = False
         self._reading_headers = False
-        self._headers_since = 0.0
         self._header_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -99,29 +95,33 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if not self._reading_headers and (self.cycle is None or self.cycle.response_complete):
-            # the first byte of a request (even bytes the parser skips, such as blank lines
-            # between requests): its headers are due within header_timeout from now on
+            # the first bytes of a request (even bytes the parser skips, such as blank lines
+            # between requests)
             self._reading_headers = True
-            self._headers_since = self.loop.time()
         super().data_received(data)
         if self._reading_headers and self._header_deadline is None and not self.transport.is_closing():
-            # still incomplete after this read (a whole request in one read, the usual
-            # case, costs no timer)
-            self._header_deadline = self.loop.call_at(self._headers_since + self.header_timeout, self.drop)
+            # still incomplete after its first read: its headers are due within
+            # header_timeout from now (a whole request in one read, the usual case, costs
+            # no timer; later reads do not move the deadline)
+            self._header_deadline = self.loop.call_later(self.header_timeout, self.drop, "headers")
 
     def on_headers_complete(self) -> None:
         self._reading_headers = False
         if self._header_deadline is not None:
             self._header_deadline.cancel()
             self._header_deadline = None
-        if self._member:
-            self.table.busy(self)
+        self.table.waiting.pop(self, None)  # busy: not to be pushed out (a no-op if not a member)
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self._member and not self.pipeline and not self.transport.is_closing():
             self.table.wait(self)  # idle: uvicorn armed its keep-alive timer (idle_timeout)
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self.transport.is_closing():
+            self.table.closed("idle")
+        super().timeout_keep_alive_handler()
 
     def _unsupported_upgrade_warning(self) -> None:
         """Conveyor serves no WebSocket (run.py: ``ws="none"``): an Upgrade request is served
@@ -132,10 +132,11 @@ class GuardedProtocol(HttpToolsProtocol):
         self._forget()
         super().connection_lost(exc)
 
-    def drop(self) -> None:
-        """Close the connection now (a deadline passed, or it is pushed out)."""
+    def drop(self, reason: str) -> None:
+        """Close the connection now (its header deadline passed, or it is pushed out)."""
         self._forget()
         if not self.transport.is_closing():
+            self.table.closed(reason)
             self.transport.close()  # nothing is being written on such a connection: a FIN, at once
 
     def _forget(self) -> None:
@@ -147,11 +148,12 @@ class GuardedProtocol(HttpToolsProtocol):
             self.table.leave(self)
 
 
-def protocol(limit: int, header_timeout: float) -> type[GuardedProtocol]:
+def protocol(limit: int, header_timeout: float, closed: Callable[[str], None]) -> type[GuardedProtocol]:
     """The protocol class of one server process: its own table of at most ``limit``
-    connections (lowered to what the process's file descriptor limit allows)."""
+    connections (lowered to what the process's file descriptor limit allows); ``closed``
+    counts the connections it closes, by reason."""
     return type("GuardedProtocol", (GuardedProtocol,),
-                {"table": Table(_fd_bound(limit)), "header_timeout": header_timeout})
+                {"table": Table(_fd_bound(limit), closed), "header_timeout": header_timeout})
 
 
 def _fd_bound(limit: int) -> int:

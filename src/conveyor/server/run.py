@@ -29,7 +29,7 @@ import uvicorn
 from prometheus_client import multiprocess
 
 from conveyor.server import connections
-from conveyor.server.app import create_app
+from conveyor.server.app import App, create_app
 from conveyor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,8 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def _config(app: object, settings: Settings) -> uvicorn.Config:
+def _config(app: App, settings: Settings) -> uvicorn.Config:
+    metrics = app.state.metrics
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -60,7 +61,8 @@ def _config(app: object, settings: Settings) -> uvicorn.Config:
         # httptools, with deadlines for idle connections and unfinished headers and a bound
         # on connections per process (server/connections.py); made here, so each forked
         # worker has its own table
-        http=connections.protocol(settings.max_connections, settings.http_header_timeout),
+        http=connections.protocol(settings.max_connections, settings.http_header_timeout,
+                                  lambda reason: metrics.series(metrics.connections_closed, reason).inc()),
         timeout_keep_alive=settings.http_idle_timeout,  # typed int, used as a delay: a float works
         # no WebSocket route exists: an Upgrade request is served as the HTTP request it is
         # (a connection handed to a WebSocket protocol would leave the bound above)
