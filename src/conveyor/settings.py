@@ -215,6 +215,13 @@ class Settings:
     pool_max_waiting: int = 256  # requests waiting for a database connection
     max_requests: int = 4096  # requests in progress at once, long polls included
     max_request_bytes: int = 8 * 1024 * 1024
+    # connections (server/connections.py; docs/operations.md, "Connections"): per process,
+    # at most max_connections; one with no request started is closed after
+    # http_idle_timeout seconds, one whose request headers are not complete
+    # http_header_timeout seconds after their first byte is closed
+    max_connections: int = 10000
+    http_idle_timeout: float = 5.0
+    http_header_timeout: float = 5.0
     max_wait_seconds: int = 20
     listen_seconds: int = 60
     poll_fallback_seconds: float = 1.0
@@ -266,6 +273,10 @@ class Settings:
                              "(RS256, EdDSA)")
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log format must be text or json, got {self.log_format!r}")
+        if self.http_idle_timeout <= 0 or self.http_header_timeout <= 0:
+            raise ValueError("the HTTP idle and header timeouts must be > 0 seconds")
+        if self.max_connections < 16:
+            raise ValueError(f"max_connections must be at least 16, got {self.max_connections}")
         if self.request_timeout < 0:
             raise ValueError(f"request timeout must be >= 0 seconds (0: none), got {self.request_timeout}")
         if not 1 <= self.port <= 65535:
@@ -369,6 +380,9 @@ _ENV: dict[str, tuple[str, Any]] = {
     "pool_max_waiting": ("CONVEYOR_POOL_MAX_WAITING", int),
     "max_requests": ("CONVEYOR_MAX_REQUESTS", int),
     "max_request_bytes": ("CONVEYOR_MAX_REQUEST_BYTES", int),
+    "max_connections": ("CONVEYOR_MAX_CONNECTIONS", int),
+    "http_idle_timeout": ("CONVEYOR_HTTP_IDLE_TIMEOUT", float),
+    "http_header_timeout": ("CONVEYOR_HTTP_HEADER_TIMEOUT", float),
     "listen_seconds": ("CONVEYOR_LISTEN_SECONDS", int),
     "poll_fallback_seconds": ("CONVEYOR_POLL_FALLBACK_SECONDS", float),
     "maintenance_interval": ("CONVEYOR_MAINTENANCE_INTERVAL", float),

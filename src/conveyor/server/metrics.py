@@ -125,6 +125,11 @@ class Metrics:
         self.admission_refused = Counter("conveyor_admission_refused_total", "Requests refused by admission "
                                          "control (answered with the protocol's throttling error)", ["stage"],
                                          registry=r)
+        self.connections_closed = Counter("conveyor_connections_closed_total", "Connections the server closed "
+                                          "(server/connections.py): idle (no request within "
+                                          "CONVEYOR_HTTP_IDLE_TIMEOUT), headers (unfinished after "
+                                          "CONVEYOR_HTTP_HEADER_TIMEOUT), pushed_out or refused (beyond "
+                                          "CONVEYOR_MAX_CONNECTIONS)", ["reason"], registry=r)
         self.request_timeouts = Counter("conveyor_request_timeouts_total", "Requests cancelled and answered 408 "
                                         "after CONVEYOR_REQUEST_TIMEOUT (server/deadline.py)", registry=r)
         # the failover spool (server/spool.py)

@@ -27,7 +27,7 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
-from conveyor import errors, types
+from conveyor import errors, json_input, types
 from conveyor.core import topics
 from conveyor.protocols.sns import topic_actions
 from conveyor.protocols.sns.context import Context
@@ -57,7 +57,7 @@ def _check_json(name: str, value: str) -> None:
     if value == "":
         return
     try:
-        parsed = json.loads(value)
+        parsed = json_input.loads(value, big_integers=True)
     except ValueError:
         raise invalid(name, "failed to parse JSON") from None
     if not isinstance(parsed, dict):
@@ -150,7 +150,7 @@ def filter_policy_text(s: types.Subscription) -> str:
     given = (s.attributes or {}).get("FilterPolicy")
     if isinstance(given, str):
         try:
-            if json.loads(given) == s.filter_policy:
+            if json_input.loads(given, big_integers=True) == s.filter_policy:
                 return given
         except ValueError:
             pass
@@ -190,7 +190,7 @@ def _spec(ctx: Context, topic: str, p: dict[str, Any]) -> types.NewSubscription:
     return types.NewSubscription(
         pattern=topic, protocol=protocol, queue=queue, endpoint=endpoint,
         raw_delivery=changes.get("raw_delivery", False),
-        filter_policy=json.loads(policy) if policy else None,
+        filter_policy=json_input.loads(policy, big_integers=True) if policy else None,
         filter_policy_scope=changes.get("filter_policy_scope", "MessageAttributes"),
         attributes={k: v for k, v in changes.get("attributes", {}).items() if v is not None},
         queue_must_exist=False,
