@@ -58,8 +58,7 @@ def sql(db: str) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
-@pytest.fixture(scope="module")
-def real_pgq() -> Iterator[str]:
+def _real_pgq_database() -> Iterator[str]:
     """A scratch database with the real PgQ extension (C triggers), for comparison."""
     name = unique_name("conveyor_realpgq")
     dsn = create_database(name)
@@ -67,6 +66,11 @@ def real_pgq() -> Iterator[str]:
         conn.execute("CREATE EXTENSION pgq")
     yield dsn
     drop_database(name)
+
+
+real_pgq = pytest.fixture(scope="module", name="real_pgq")(_real_pgq_database)
+# for a test that sees every queue of the database (PGQStatus): none left by other tests
+fresh_real_pgq = pytest.fixture(name="fresh_real_pgq")(_real_pgq_database)
 
 
 def one(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:
@@ -730,7 +734,8 @@ def _status(dsn: str, tmp_path: Path) -> list[str]:
     return [line.split()[0] for line in out.getvalue().splitlines() if line.strip() and not line.startswith("-")]
 
 
-def test_skytools_pgq_status_shows_what_it_shows_for_pgq(tmp_path, db, real_pgq):
+def test_skytools_pgq_status_shows_what_it_shows_for_pgq(tmp_path, db, fresh_real_pgq):
+    real_pgq = fresh_real_pgq
     for dsn in (db, real_pgq):
         with psycopg.connect(dsn, autocommit=True) as conn:
             one(conn, "SELECT pgq.create_queue('watched')")
