@@ -21,12 +21,14 @@
     │   ├── MessageNotInFlight     (CVM02)
     │   ├── StaleReceipt           — the message was delivered again since this receipt
     │   ├── BatchPartlyReceived    (CVS05) — a stream batch was not handed out whole
+    │   ├── CooperativeConsumer    (CVS06) — a cooperative consumer's batches go to its members
     │   ├── StagedRowsMissing      (CVP01) — a Spark write's staged rows were lost; nothing published
     │   └── LeaseNotHeld           (CVK02) — a partition's lease expired, was released or is another's
     ├── InvalidInput             400 — the request is malformed or out of range (CVV01)
     │   ├── DataException          (SQLSTATE class 22: bad encodings, numbers out of range)
     │   └── MessageTooLarge      413 (CVM01)
     ├── PermissionDenied         403 — the caller's role may not do this (42501)
+    │   └── QueueLimitReached      (CVK04) — a push would create queues beyond what it may
     ├── Unauthorized             403 — no or unknown credentials
     ├── Unavailable              503 — the database cannot be reached right now
     │   ├── DatabaseUnreachable    — and the request never reached it (nothing was done)
@@ -156,6 +158,11 @@ class BatchPartlyReceived(Conflict, sqlstate="CVS05"):
     """A stream batch handed out in pages was acknowledged before its last page."""
 
 
+class CooperativeConsumer(Conflict, sqlstate="CVS06"):
+    """A consumer with cooperative members (or a member) asked for a batch the plain way:
+    its batches are taken by its members (conveyor.stream_next_batch_coop)."""
+
+
 class StagedRowsMissing(Conflict, sqlstate="CVP01"):
     """The rows a Spark task staged are gone (e.g. PostgreSQL crashed: the stage is
     unlogged); the job fails rather than publish part of its output."""
@@ -175,6 +182,11 @@ class MessageTooLarge(InvalidInput, sqlstate="CVM01"):
 
 class PermissionDenied(ConveyorError, sqlstate="42501"):
     pass
+
+
+class QueueLimitReached(PermissionDenied, sqlstate="CVK04"):
+    """A push would create partitioned queues its caller may not create: beyond its share
+    per push, or past the number a server lets pushes create (docs/queen.md)."""
 
 
 class Unauthorized(ConveyorError):

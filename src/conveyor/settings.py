@@ -15,6 +15,7 @@ from typing import Any
 
 AUTH_MODES = ("none", "header", "token", "jwt")
 ROLES = ("read", "write", "admin")
+QUEEN_CREATE_ON_PUSH = ("any", "admin", "off")  # whose Queen pushes may create queues
 
 
 FUSED_OPERATIONS = ("send", "receive", "delete", "push", "pop", "ack", "renew")
@@ -214,6 +215,13 @@ class Settings:
     pool_max_waiting: int = 256  # requests waiting for a database connection
     max_requests: int = 4096  # requests in progress at once, long polls included
     max_request_bytes: int = 8 * 1024 * 1024
+    # connections (server/connections.py; docs/operations.md, "Connections"): per process,
+    # at most max_connections; one with no request started is closed after
+    # http_idle_timeout seconds, one whose request headers are not complete
+    # http_header_timeout seconds after their first byte is closed
+    max_connections: int = 10000
+    http_idle_timeout: float = 5.0
+    http_header_timeout: float = 5.0
     max_wait_seconds: int = 20
     listen_seconds: int = 60
     poll_fallback_seconds: float = 1.0
@@ -225,6 +233,13 @@ class Settings:
     database_wait: float = 30.0
     log_level: str = "info"
     queen_port: int | None = None  # also serve on this port (Queen's default: 6632)
+    # Queen's create-on-push (docs/queen.md, "Queues created by pushes"): which callers'
+    # pushes may create the queues they name (any caller that may push, admin only, or
+    # none), how many one push may create, and how many partitioned queues may exist before
+    # pushes create none (0: no bound)
+    queen_create_on_push: str = "any"
+    queen_create_per_push: int = 10
+    queen_create_max_queues: int = 10000
     hq_port: int | None = None  # also serve on this port, hq's API at its root (hq's default: 9999)
     log_format: str = "text"  # or "json": one JSON object per line (conveyor.logs)
     # a request still running after this many seconds is answered 408 (0: never); time a
@@ -261,6 +276,10 @@ class Settings:
                              "(RS256, EdDSA)")
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log format must be text or json, got {self.log_format!r}")
+        if self.http_idle_timeout <= 0 or self.http_header_timeout <= 0:
+            raise ValueError("the HTTP idle and header timeouts must be > 0 seconds")
+        if self.max_connections < 16:
+            raise ValueError(f"max_connections must be at least 16, got {self.max_connections}")
         if self.request_timeout < 0:
             raise ValueError(f"request timeout must be >= 0 seconds (0: none), got {self.request_timeout}")
         if not 1 <= self.port <= 65535:
@@ -269,6 +288,12 @@ class Settings:
             raise ValueError(f"the Queen port must be from 1 to 65535 and not the server's port, got {self.queen_port}")
         if self.hq_port is not None:
             self._check_hq_port()
+        if self.queen_create_on_push not in QUEEN_CREATE_ON_PUSH:
+            raise ValueError(f"Queen's create-on-push must be one of {', '.join(QUEEN_CREATE_ON_PUSH)}, "
+                             f"got {self.queen_create_on_push!r}")
+        if not 1 <= self.queen_create_per_push <= 10000 or self.queen_create_max_queues < 0:
+            raise ValueError("queues created per push must be from 1 to 10000, and the most queues pushes may "
+                             "create up to at least 0 (0: no bound)")
         if not 1 <= self.workers <= 64:
             raise ValueError(f"workers must be from 1 to 64, got {self.workers}")
         if self.pool_min < 1 or self.pool_max < self.pool_min:
@@ -324,6 +349,9 @@ _ENV: dict[str, tuple[str, Any]] = {
     "workers": ("CONVEYOR_WORKERS", int),
     "queen_port": ("CONVEYOR_QUEEN_PORT", int),
     "hq_port": ("CONVEYOR_HQ_PORT", int),
+    "queen_create_on_push": ("CONVEYOR_QUEEN_CREATE_ON_PUSH", lambda v: v.strip().lower()),
+    "queen_create_per_push": ("CONVEYOR_QUEEN_CREATE_PER_PUSH", int),
+    "queen_create_max_queues": ("CONVEYOR_QUEEN_CREATE_MAX_QUEUES", int),
     "pool_min": ("CONVEYOR_POOL_MIN", int),
     "pool_max": ("CONVEYOR_POOL_MAX", int),
     "migrate": ("CONVEYOR_MIGRATE", _bool),
@@ -355,6 +383,9 @@ _ENV: dict[str, tuple[str, Any]] = {
     "pool_max_waiting": ("CONVEYOR_POOL_MAX_WAITING", int),
     "max_requests": ("CONVEYOR_MAX_REQUESTS", int),
     "max_request_bytes": ("CONVEYOR_MAX_REQUEST_BYTES", int),
+    "max_connections": ("CONVEYOR_MAX_CONNECTIONS", int),
+    "http_idle_timeout": ("CONVEYOR_HTTP_IDLE_TIMEOUT", float),
+    "http_header_timeout": ("CONVEYOR_HTTP_HEADER_TIMEOUT", float),
     "listen_seconds": ("CONVEYOR_LISTEN_SECONDS", int),
     "poll_fallback_seconds": ("CONVEYOR_POLL_FALLBACK_SECONDS", float),
     "maintenance_interval": ("CONVEYOR_MAINTENANCE_INTERVAL", float),

@@ -36,6 +36,22 @@ async def test_push_is_idempotent_per_partition(conn):
     assert q is not None and q.lease_time == 300  # created by the push
 
 
+async def test_create_missing_creates_within_its_bounds_or_nothing(conn):
+    await pq.configure(conn, "there")
+    assert await pq.create_missing(conn, ["there", "b", "a", "b"], max_new=2, max_total=3) == ["a", "b"]
+    assert await pq.create_missing(conn, ["there", "a"], max_new=0, max_total=3) == []  # nothing new
+    with pytest.raises(errors.QueueLimitReached, match="may not create"):
+        await pq.create_missing(conn, ["c"], max_new=0)
+    with pytest.raises(errors.QueueLimitReached, match=r"names 2 queues .* at most 1"):
+        await pq.create_missing(conn, ["c", "d"], max_new=1)
+    with pytest.raises(errors.QueueLimitReached, match="3 partitioned queues exist"):
+        await pq.create_missing(conn, ["c"], max_new=5, max_total=3)
+    with pytest.raises(errors.InvalidInput, match="invalid queue name"):
+        await pq.create_missing(conn, ["ok", "not ok"])
+    assert [q.name for q in await pq.list_all(conn)] == ["a", "b", "there"]
+    assert await pq.create_missing(conn, ["c", "d"]) == ["c", "d"]  # no bounds: the SQL API's default
+
+
 async def test_a_lease_gives_a_partition_to_one_worker(conn):
     await pq.push(conn, _items("jobs", "a", "1", "2") + _items("jobs", "b", "3"))
     first = await pq.pop(conn, {"queue": "jobs", "batch": 10})
@@ -64,6 +80,75 @@ async def test_an_expired_lease_goes_to_another_worker_and_fences_the_first(conn
     with pytest.raises(errors.LeaseNotHeld):
         await pq.ack(conn, _acks(first)[1:], strict=True)
     assert [a["outcome"] for a in await pq.ack(conn, _acks(second))] == ["completed"]
+
+
+def _leaseless(acks: list[dict]) -> list[dict]:
+    return [{k: v for k, v in a.items() if k != "leaseId"} for a in acks]
+
+
+async def test_an_ack_naming_no_lease_cannot_settle_what_another_holds(conn):
+    """Issue 25, item 2: a worker whose lease ran out acked without its leaseId while
+    another held the partition; the ack settled the message and released the other's
+    lease, whose own valid ack was then refused."""
+    await pq.configure(conn, "fenced", {"leaseTime": 1})
+    await pq.push(conn, _items("fenced", "p", "1", "2"))
+    first = await pq.pop(conn, {"queue": "fenced", "batch": 10})
+    await asyncio.sleep(1.2)
+    second = await pq.pop(conn, {"queue": "fenced", "batch": 10})
+    assert [m["transactionId"] for m in second["messages"]] == ["1", "2"]
+    late = await pq.ack(conn, _leaseless(_acks(first)))  # one call, as a batch
+    assert [a["success"] for a in late] == [False, False]
+    assert all("leased to another consumer" in a["error"] for a in late)
+    for status in ("completed", "failed", "dlq", "retry"):
+        [one] = await pq.ack(conn, _leaseless(_acks(first, status))[:1])
+        assert one["success"] is False, status
+    with pytest.raises(errors.LeaseNotHeld):
+        await pq.ack(conn, _leaseless(_acks(first)), strict=True)
+    await conn.rollback()
+    assert [a["outcome"] for a in await pq.ack(conn, _acks(second))] == ["completed", "completed"]
+    assert (await pq.pop(conn, {"queue": "fenced", "batch": 10}))["messages"] == []
+    assert await (await conn.execute("SELECT count(*) FROM conveyor.partition_retries")).fetchone() == (0,)
+
+
+async def test_an_ack_naming_no_lease_settles_when_no_lease_is_held(conn):
+    """As Queen's server: with no live lease on the partition, an ack without a leaseId
+    settles a message the group has not done; one it has done is refused."""
+    await pq.configure(conn, "loose", {"leaseTime": 1})
+    await pq.push(conn, _items("loose", "p", "1", "2", "3"))
+    got = await pq.pop(conn, {"queue": "loose", "batch": 2})
+    [done] = await pq.ack(conn, _acks(got)[:1])
+    await asyncio.sleep(1.2)  # the lease runs out; nobody takes the partition meanwhile
+    answers = await pq.ack(conn, _leaseless(_acks(got)))
+    assert [(a["success"], a["error"]) for a in answers] == [(False, "Message already acknowledged"), (True, None)]
+    again = await pq.pop(conn, {"queue": "loose", "batch": 10})
+    assert [m["transactionId"] for m in again["messages"]] == ["3"]
+    [other] = await pq.ack(conn, [{"transactionId": "3", "partitionId": done["partitionId"],
+                                   "consumerGroup": "never-read"}])
+    assert other["error"] == "Message not delivered to this consumer group"
+
+
+async def test_a_transaction_acks_under_the_leases_its_caller_holds(conn):
+    """Queen's client sends a transaction's acks without leaseIds and the leases beside
+    them (requiredLeases): each must still be held, and a leaseless ack acts under it."""
+    await pq.configure(conn, "tin", {"leaseTime": 1})
+    await pq.push(conn, _items("tin", "p", "1"))
+    first = await pq.pop(conn, {"queue": "tin"})
+    await asyncio.sleep(1.2)
+    second = await pq.pop(conn, {"queue": "tin"})
+    ops = [{"type": "ack", **a} for a in _leaseless(_acks(first))] + [
+        {"type": "push", "items": _items("tout", "p", "r1")}]
+    for held in ([first["leaseId"]], []):  # its own lease ran out / it names none: B holds the partition
+        with pytest.raises(errors.LeaseNotHeld, match="lease"):
+            await pq.transaction(conn, ops, held)
+        await conn.rollback()
+    assert await pq.get(conn, "tout") is None
+    done = await pq.transaction(conn, ops, [second["leaseId"]])
+    assert [a["outcome"] for a in done["acks"]] == ["completed"]
+    with pytest.raises(errors.LeaseNotHeld):  # released by its last ack
+        await pq.transaction(conn, [{"type": "push", "items": _items("tout", "p", "r2")}], [second["leaseId"]])
+    await conn.rollback()
+    with pytest.raises(errors.InvalidInput):
+        await pq.transaction(conn, ops, [1])  # type: ignore[list-item]
 
 
 async def test_renew_keeps_the_lease(conn):

@@ -44,7 +44,11 @@ def install_core(dsn: str) -> None:
 
 
 def install_real_pgmq(dsn: str) -> None:
+    """pgmq's SQL, with pg_partman (Debian's postgresql-<major>-partman, installed by
+    .ci/run) for its partitioned queues."""
     with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS partman")
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_partman SCHEMA partman")
         conn.execute(real_pgmq_sql().encode())
 
 

@@ -298,11 +298,32 @@ def test_sends_wake_long_pollers_only_while_listened(sql: psycopg.Connection, db
         assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == [f"2 {q}"]
 
 
-def test_conditional_read_is_refused_clearly(sql: psycopg.Connection, q: str) -> None:
+def test_conditional_reads_take_only_matching_messages(sql: psycopg.Connection, q: str) -> None:
     sql.execute("SELECT pgmq.create(%s)", (q,))
-    with pytest.raises(psycopg.errors.FeatureNotSupported, match="conditional reads are not supported"):
-        sql.execute("SELECT * FROM pgmq.read(%s, 30, 1, '{\"a\": 1}')", (q,))
-    assert sql.execute("SELECT * FROM pgmq.read(%s, 30, 1, '{}')", (q,)).fetchall() == []
+    sql.execute("SELECT * FROM pgmq.send_batch(%s, ARRAY['{\"a\": 1, \"b\": 2}', '{\"a\": 2}', '{\"a\": 1}', "
+                "'[1]', NULL]::jsonb[])", (q,))
+    rows = sql.execute("SELECT msg_id, read_ct FROM pgmq.read(%s, 30, 5, '{\"a\": 1}')", (q,)).fetchall()
+    assert rows == [(1, 1), (3, 1)]
+    assert sql.execute("SELECT msg_id FROM pgmq.read(%s, 30, 5, '{\"a\": 1}')", (q,)).fetchall() == []
+    polled = sql.execute("SELECT msg_id FROM pgmq.read_with_poll(%s, 30, 5, 1, 50, '{\"a\": 2}')", (q,)).fetchall()
+    assert polled == [(2,)]
+    # '{}' (and NULL) filter nothing; the NULL message reads back as SQL NULL
+    assert sql.execute("SELECT msg_id, message IS NULL FROM pgmq.read(%s, 30, 5, '{}')", (q,)).fetchall() \
+        == [(4, False), (5, True)]
+    # a FIFO queue is read in group order, which a body filter would break
+    sql.execute("SELECT conveyor.queue_create(%s, '{\"content_based_deduplication\": true}')", (q + ".fifo",))
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="conditional reads of FIFO queue"):
+        sql.execute("SELECT * FROM pgmq.read(%s, 30, 1, '{\"a\": 1}')", (q + ".fifo",))
+
+
+def test_a_conditional_read_dead_letters_past_max_receive_count(sql: psycopg.Connection, q: str) -> None:
+    sql.execute("SELECT pgmq.create(%s)", (q + "_dlq",))
+    sql.execute("SELECT conveyor.queue_create(%s, %s::jsonb)",
+                (q, '{"max_receive_count": 1, "dead_letter_queue": "' + q + '_dlq"}'))
+    sql.execute("SELECT * FROM pgmq.send_batch(%s, ARRAY['{\"k\": 1}', '{\"k\": 1}']::jsonb[])", (q,))
+    sql.execute("SELECT * FROM pgmq.read(%s, 0, 1, '{\"k\": 1}')", (q,))  # message 1 has had its one receive
+    assert sql.execute("SELECT msg_id FROM pgmq.read(%s, 30, 5, '{\"k\": 1}')", (q,)).fetchall() == [(2,)]
+    assert scalar(sql, "SELECT count(*) FROM pgmq.q_" + q + "_dlq") == 1
 
 
 def test_names(sql: psycopg.Connection) -> None:
@@ -362,9 +383,12 @@ def test_unlogged_and_partitioned_are_real_kinds(sql: psycopg.Connection, q: str
         sql.execute("SELECT pgmq.create_partitioned(%s, '10000', '100000', 0)", (q + "_z",))
     with pytest.raises(psycopg.errors.InvalidDatetimeFormat):
         sql.execute("SELECT pgmq.create_partitioned(%s, 'fortnightly')", (q + "_z",))
-    # Conveyor's own limit: time partitions of at least a minute
-    with sqlstate("CVV01", "from 1 minute"):
+    # Conveyor's own limit: time partitions of at least a minute, refused as pg_partman
+    # refuses what it cannot do (P0001)
+    with sqlstate("P0001", "Partitioning interval must be 1 minute or greater"):
         sql.execute("SELECT pgmq.create_partitioned(%s, '10 seconds')", (q + "_z",))
+    with sqlstate("P0001", "Partitioning interval must be 1 second or greater"):
+        sql.execute("SELECT pgmq.create_partitioned(%s, '0.5 seconds')", (q + "_z",))
     # create* is idempotent as in pgmq, whatever kind the queue already has
     sql.execute("SELECT pgmq.create_partitioned(%s)", (q + "_u",))
     assert scalar(sql, "SELECT storage FROM conveyor.queues WHERE name = %s", (q + "_u",)) == "unlogged"
@@ -689,6 +713,7 @@ def test_migration_guide(empty_dsn: str) -> None:
         real.execute("SELECT pgmq.archive('orders', 2::bigint)")
         real.execute("SELECT pgmq.delete('orders', 3::bigint)")
         real.execute("SELECT pgmq.send('Fast', '\"x\"')")
+        real.execute("SELECT pgmq.send('Fast', NULL::jsonb)")
         before = real.execute("SELECT msg_id, read_ct, vt, message, headers FROM pgmq.q_orders ORDER BY msg_id"
                               ).fetchall()
     pgmq_support.install_core(empty_dsn)
@@ -704,6 +729,6 @@ def test_migration_guide(empty_dsn: str) -> None:
         assert sql.execute("SELECT msg_id, message FROM pgmq.a_orders").fetchall() == [(2, {"n": 2})]
         assert scalar(sql, "SELECT group_id FROM conveyor.messages WHERE id = 4") == "g"
         assert scalar(sql, "SELECT * FROM pgmq.send('orders', '{\"n\": 5}')") == 5  # ids continue
-        assert scalar(sql, "SELECT count(*) FROM pgmq.read('fast', 30, 5)") == 1
+        assert sql.execute("SELECT message IS NULL FROM pgmq.read('fast', 30, 5)").fetchall() == [(False,), (True,)]
         assert sql.execute("SELECT queue_name, is_unlogged FROM pgmq.list_queues()").fetchall() \
             == [("orders", False), ("Fast", True)]

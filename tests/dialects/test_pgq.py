@@ -9,7 +9,10 @@ CDC triggers are compared event by event with the real PgQ extension's C trigger
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+import io
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,8 +58,7 @@ def sql(db: str) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
-@pytest.fixture(scope="module")
-def real_pgq() -> Iterator[str]:
+def _real_pgq_database() -> Iterator[str]:
     """A scratch database with the real PgQ extension (C triggers), for comparison."""
     name = unique_name("conveyor_realpgq")
     dsn = create_database(name)
@@ -64,6 +66,11 @@ def real_pgq() -> Iterator[str]:
         conn.execute("CREATE EXTENSION pgq")
     yield dsn
     drop_database(name)
+
+
+real_pgq = pytest.fixture(scope="module", name="real_pgq")(_real_pgq_database)
+# for a test that sees every queue of the database (PGQStatus): none left by other tests
+fresh_real_pgq = pytest.fixture(name="fresh_real_pgq")(_real_pgq_database)
 
 
 def one(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:
@@ -677,3 +684,71 @@ def test_install_is_recorded_and_refused_next_to_real_pgq(real_pgq):
     with pytest.raises(errors.SchemaMismatch, match="pgq extension is installed"):
         asyncio.run(attempt())
     assert [m.label for m in migrate.migrations("pgq")][:2] == ["pgq/0001_pgq", "pgq/0002_static_appends"]
+
+
+# -- the rest of skytools' pgq 3.8: LocalConsumer, PGQStatus --------------------------------
+
+
+class LocalRecorder(pgq.LocalConsumer):  # type: ignore[misc]
+    """skytools' LocalConsumer as users write it: events one by one, position in a file."""
+
+    seen: list[str]
+
+    def process_local_event(self, db: Any, batch_id: int, ev: Any) -> None:
+        self.seen.append(ev.data)
+        ev.tag_done()
+
+
+@pytest.mark.parametrize("side", ["dialect", "real"])
+def test_skytools_local_consumer_tracks_its_tick_in_a_file(tmp_path, db, real_pgq, side):
+    dsn = db if side == "dialect" else real_pgq
+    queue = f"local_{side}_{tmp_path.name[-6:]}".replace("-", "_")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        one(conn, "SELECT pgq.create_queue(%s)", queue)
+        ini = tmp_path / "local.ini"
+        ini.write_text(f"[local]\njob_name = local\nqueue_name = {queue}\nsrc_db = {_libpq(dsn)}\n"
+                       f"logfile = {tmp_path}/local.log\npidfile = {tmp_path}/local.pid\n"
+                       f"local_tracking_file = {tmp_path}/local.tick\n")
+        consumer = LocalRecorder("local", "src_db", [str(ini)])
+        consumer.seen = []
+        consumer.register_consumer()
+        one(conn, "SELECT pgq.insert_event(%s, 't', 'one')", queue)
+        one(conn, "SELECT pgq.force_tick(%s)", queue)
+        one(conn, "SELECT pgq.ticker()")
+        while consumer.work():
+            pass
+        tracked = int((tmp_path / "local.tick").read_text().split()[0])
+        assert consumer.seen == ["one"]
+        assert tracked == one(conn, "SELECT last_tick FROM pgq.get_consumer_info(%s, 'local')", queue)
+        consumer.unregister_consumer()
+        one(conn, "SELECT pgq.drop_queue(%s)", queue)
+
+
+def _status(dsn: str, tmp_path: Path) -> list[str]:
+    ini = tmp_path / "status.ini"
+    ini.write_text(f"[pgqadm]\njob_name = status\ndb = {_libpq(dsn)}\nlogfile = {tmp_path}/status.log\n"
+                   f"pidfile = {tmp_path}/status.pid\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        pgq.PGQStatus([str(ini)])
+    return [line.split()[0] for line in out.getvalue().splitlines() if line.strip() and not line.startswith("-")]
+
+
+def test_skytools_pgq_status_shows_what_it_shows_for_pgq(tmp_path, db, fresh_real_pgq):
+    real_pgq = fresh_real_pgq
+    for dsn in (db, real_pgq):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            one(conn, "SELECT pgq.create_queue('watched')")
+            one(conn, "SELECT pgq.register_consumer('watched', 'watcher')")
+            # PGQStatus prints events per second, which PgQ knows after two ticks with events
+            for _ in range(2):
+                one(conn, "SELECT pgq.insert_event('watched', 't', 'd')")
+                one(conn, "SELECT pgq.force_tick('watched')")
+                one(conn, "SELECT pgq.ticker()")
+                time.sleep(0.1)
+    ours, theirs = _status(db, tmp_path), _status(real_pgq, tmp_path)
+    with psycopg.connect(real_pgq, autocommit=True) as conn:
+        one(conn, "SELECT pgq.unregister_consumer('watched', 'watcher')")
+        one(conn, "SELECT pgq.drop_queue('watched')")
+    assert ours == theirs
+    assert "watched" in ours

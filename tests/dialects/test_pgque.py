@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pgque
@@ -23,6 +24,7 @@ from psycopg import conninfo, sql
 
 from conftest import create_database, drop_database, unique_name
 from conveyor.db import migrate, pool
+from dialects import differences
 from support.server import ServerProcess
 
 # -- fixtures: a template with the dialect installed, cloned per test ----------------------
@@ -554,3 +556,202 @@ def test_installing_again_elsewhere_tolerates_the_roles(empty_dsn):
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert one(conn, "SELECT pgque.create_queue('again')") == 1
 
+
+
+# -- cooperative consumers (experimental in PgQue 0.2; pgque-py 0.2.2's receive_coop) -----
+
+
+def _payloads(msgs: list[pgque.Message]) -> list[str]:
+    return [m.payload for m in msgs]
+
+
+def test_subconsumers_split_the_batches_none_twice(db, pq_dsn):
+    one(db, "SELECT pgque.create_queue('coop')")
+    c = pgque.connect(pq_dsn, autocommit=True)
+    assert [c.subscribe_subconsumer("coop", "w", "a"), c.subscribe_subconsumer("coop", "w", "a"),
+            c.subscribe_subconsumer("coop", "w", "b")] == [1, 0, 1]
+    for i in range(3):
+        c.send("coop", {"i": i})
+        tick(db, "coop")
+    a, b = c.receive_coop("coop", "w", "a"), c.receive_coop("coop", "w", "b")
+    assert (_payloads(a), _payloads(b)) == (['{"i": 0}'], ['{"i": 1}'])
+    assert a[0].batch_id != b[0].batch_id
+    # a member's open batch comes back to it until acked
+    assert [m.batch_id for m in c.receive_coop("coop", "w", "a")] == [a[0].batch_id]
+    c.ack(a[0].batch_id)
+    third = c.receive_coop("coop", "w", "a")
+    assert _payloads(third) == ['{"i": 2}']
+    c.ack(third[0].batch_id)
+    c.ack(b[0].batch_id)
+    assert c.receive_coop("coop", "w", "a") == [] and c.receive_coop("coop", "w", "b") == []
+    # the roles PgQue shows; a member shares its main's sub_id
+    roles = db.execute("SELECT c.co_name, s.sub_role, s.sub_id FROM pgque.subscription s "
+                       "JOIN pgque.consumer c ON c.co_id = s.sub_consumer ORDER BY 1").fetchall()
+    assert [(r[0], r[1]) for r in roles] == [("w", "coop_main"), ("w.a", "coop_member"), ("w.b", "coop_member")]
+    assert len({r[2] for r in roles}) == 1
+    c.close()
+
+
+def test_concurrent_members_never_take_the_same_batch(db, pq_dsn):
+    one(db, "SELECT pgque.create_queue('race')")
+    for i in range(40):
+        one(db, "SELECT pgque.send('race', %s::jsonb)", f'{{"i": {i}}}')
+        tick(db, "race")
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def member(sub: str) -> None:
+        with pgque.connect(pq_dsn) as c:
+            for _ in range(60):
+                msgs = c.receive_coop("race", "grp", sub)
+                if msgs:
+                    c.ack(msgs[0].batch_id)
+                c.conn.commit()
+                with lock:
+                    seen.extend(_payloads(msgs))
+
+    one(db, "SELECT pgque.subscribe_subconsumer('race', 'grp', 'x')")
+    one(db, "SELECT pgque.register_consumer_at('race', 'grp', (SELECT min(tick_id) FROM pgque.tick t "
+            "JOIN pgque.queue q ON q.queue_id = t.tick_queue WHERE q.queue_name = 'race'))")
+    threads = [threading.Thread(target=member, args=(s,)) for s in ("x", "y", "z")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(seen) == sorted(f'{{"i": {i}}}' for i in range(40))
+
+
+def test_a_retry_by_one_member_comes_back_to_the_group(db, pq_dsn):
+    one(db, "SELECT pgque.create_queue('again')")
+    c = pgque.connect(pq_dsn, autocommit=True)
+    c.subscribe_subconsumer("again", "w", "a")
+    c.subscribe_subconsumer("again", "w", "b")
+    c.send("again", {"n": 1})
+    tick(db, "again")
+    msgs = c.receive_coop("again", "w", "a")
+    c.nack(msgs[0].batch_id, msgs[0], retry_after=0)
+    c.nack(msgs[0].batch_id, msgs[0], retry_after=0)  # once only
+    c.ack(msgs[0].batch_id)
+    assert one(db, "SELECT count(*) FROM pgque.retry_queue") == 1
+    one(db, "SELECT pgque.maint()")
+    tick(db, "again")
+    back = c.receive_coop("again", "w", "b")
+    assert [(m.payload, m.retry_count) for m in back] == [('{"n": 1}', 1)]
+    c.close()
+
+
+def test_receive_coop_overflow_is_typed_and_does_not_advance(db, pq_dsn):
+    one(db, "SELECT pgque.create_queue('big')")
+    c = pgque.connect(pq_dsn)
+    c.subscribe_subconsumer("big", "w", "a")
+    c.send_batch("big", "t", [{"n": i} for i in range(3)])
+    c.conn.commit()
+    tick(db, "big")
+    with pytest.raises(pgque.PgqueReceiveOverflowError) as info:
+        c.receive_coop("big", "w", "a", max_messages=2)
+    assert (info.value.sqlstate, info.value.configured_limit, info.value.operation) == ("54000", 2, "receive_coop")
+    assert "larger resource-safe max_return" in info.value.hint
+    c.conn.rollback()
+    assert one(db, "SELECT count(*) FROM pgque.subscription WHERE sub_batch IS NOT NULL") == 0
+    msgs = c.receive_coop("big", "w", "a", max_messages=3)
+    assert len(msgs) == 3
+    c.ack(msgs[0].batch_id)
+    c.conn.commit()
+    c.close()
+
+
+def test_unsubscribing_a_member_with_a_batch(db, pq_dsn):
+    one(db, "SELECT pgque.create_queue('leave', '{\"max_retries\": 1}'::jsonb)")
+    c = pgque.connect(pq_dsn, autocommit=True)
+    c.subscribe_subconsumer("leave", "w", "a")
+    c.subscribe_subconsumer("leave", "w", "b")
+    c.send("leave", {"n": 1})
+    tick(db, "leave")
+    c.receive_coop("leave", "w", "a")
+    # refused by default, in PgQue's words
+    with pytest.raises(pgque.PgqueError, match="cannot unregister active cooperative subconsumer leave/w/a"):
+        c.unsubscribe_subconsumer("leave", "w", "a")
+    assert raises_pgque(db, "SELECT pgque.unregister_consumer('leave', 'w.a')") == (
+        "cannot unregister active cooperative subconsumer without forced batch handling")
+    assert raises_pgque(db, "SELECT pgque.unregister_consumer('leave', 'w')") == (
+        "cannot unregister cooperative main consumer with registered subconsumers")
+    # or its messages go through nack's rule: a retry for the group
+    assert c.unsubscribe_subconsumer("leave", "w", "a", batch_handling=1) == 1
+    assert c.unsubscribe_subconsumer("leave", "w", "a") == 0
+    assert one(db, "SELECT count(*) FROM pgque.retry_queue") == 1
+    assert (c.touch_subconsumer("leave", "w", "b"), c.touch_subconsumer("leave", "w", "a")) == (1, 0)
+    assert raises_pgque(db, "SELECT pgque.unregister_subconsumer('leave', 'w', 'b', 2)") == (
+        "unsupported batch_handling value: 2")
+    c.close()
+
+
+def test_plain_calls_are_refused_for_cooperative_consumers(db, pq_dsn):
+    one(db, "SELECT pgque.create_queue('mix')")
+    c = pgque.connect(pq_dsn, autocommit=True)
+    c.subscribe("mix", "plain")
+    # a plain consumer becomes cooperative only when asked
+    with pytest.raises(pgque.PgqueError, match="already a normal consumer; explicit conversion is required"):
+        c.subscribe_subconsumer("mix", "plain", "a")
+    assert one(db, "SELECT pgque.subscribe_subconsumer('mix', 'plain', 'a', true)") == 1
+    with pytest.raises(pgque.PgqueError, match="is a cooperative main consumer; use cooperative receive"):
+        c.receive("mix", "plain")
+    assert "cooperative subconsumer; use receive_coop" in raises_pgque(
+        db, "SELECT pgque.next_batch('mix', 'plain.a')")
+    assert raises_pgque(db, "SELECT pgque.subscribe_subconsumer('mix', 'x.y', 'a')") == (
+        "cooperative consumer name must not contain dot: x.y")
+    # the engine refuses the plain batch of either, through any interface
+    with pytest.raises(psycopg.Error) as refused:
+        db.execute("SELECT conveyor.stream_next_batch('mix', 'plain')")
+    assert refused.value.sqlstate == "CVS06"
+    c.close()
+
+
+def test_a_silent_members_batch_is_taken_over_under_a_new_id(db, pq_dsn):
+    one(db, "SELECT pgque.create_queue('dead')")
+    c = pgque.connect(pq_dsn, autocommit=True)
+    c.subscribe_subconsumer("dead", "w", "a")
+    c.send("dead", {"n": 1})
+    tick(db, "dead")
+    old = c.receive_coop("dead", "w", "a")[0].batch_id
+    db.execute("UPDATE conveyor.stream_consumers SET active_at = now() - interval '10 minutes' WHERE name = 'w.a'")
+    taken = c.receive_coop("dead", "w", "b", dead_interval="1 minute")
+    assert _payloads(taken) == ['{"n": 1}'] and taken[0].batch_id != old
+    assert c.ack(old) == 0  # the old token is void
+    assert c.ack(taken[0].batch_id) == 1
+    c.close()
+
+
+def test_the_coop_consumer_class_consumes_as_a_subconsumer(db, pq_dsn):
+    one(db, "SELECT pgque.create_queue('cls')")
+    got: list[pgque.Message] = []
+    consumer = pgque.Consumer(pq_dsn, queue="cls", name="svc", subconsumer="w1", poll_interval=1)
+    consumer.on("job")(got.append)
+    thread = _consumer_thread(consumer)
+    try:
+        wait_for(lambda: one(db, "SELECT count(*) FROM pgque.subscription WHERE sub_role = 'coop_member'") == 1)
+        with pgque.connect(pq_dsn) as producer:
+            producer.send("cls", {"job": 1}, type="job")
+            producer.conn.commit()
+        tick(db, "cls")
+        wait_for(lambda: len(got) == 1, timeout=10)
+        assert got[0].payload == '{"job": 1}'
+        wait_for(lambda: one(db, "SELECT count(*) FROM pgque.subscription WHERE sub_batch IS NOT NULL") == 0)
+    finally:
+        consumer.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+# -- every function of PgQue's SQL -----------------------------------------------------------
+
+PGQUE_FUNCTIONS = Path(__file__).with_name("pgque_0_2_0_functions.txt")
+
+
+def test_every_pgque_function_is_there_with_pgques_signature(db):
+    """Each function of PgQue 0.2.0's SQL, by name and arguments, is in the dialect, or
+    listed in expected_differences.toml with the reason it is not."""
+    real = [line for line in PGQUE_FUNCTIONS.read_text("utf-8").splitlines() if line and not line.startswith("#")]
+    mine = {r[0] for r in db.execute(
+        "SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' FROM pg_proc p "
+        "WHERE p.pronamespace = 'pgque'::regnamespace AND p.proname !~ '^_'")}
+    differences.check("pgque", "catalog", {sig: sig in mine for sig in real}, dict.fromkeys(real, True))

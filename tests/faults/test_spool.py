@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import stat
+import struct
+import subprocess
 import time
+import uuid
+import zlib
 from pathlib import Path
 
 import httpx
+import orjson
 import psycopg
+import pytest
 
 from conveyor.core import partitioned, queues
 from conveyor.db import pool
@@ -216,3 +224,167 @@ async def test_sqs_sends_spool_only_when_allowed_and_keep_their_message_id(clust
                     raise AssertionError("the spooled SQS message never landed under its MessageId")
         finally:
             server.kill()
+
+
+async def _stored_bodies(dsn: str, queue: str) -> collections.Counter[str]:
+    async with pool.connect(dsn) as conn:
+        cur = await conn.execute("SELECT m.body FROM conveyor.messages m JOIN conveyor.queues q ON q.id = m.queue_id "
+                                 "WHERE q.name = %s", (queue,))
+        return collections.Counter(body for (body,) in await cur.fetchall())
+
+
+def _journal(spool_dir: Path) -> list[Path]:
+    """The segments waiting to be replayed."""
+    return list(spool_dir.glob("slot-*/*.spool"))
+
+
+async def _until_replayed(c: httpx.AsyncClient, spool_dir: Path, queue: str) -> None:
+    """Bounded (10 s): until the server answers a send with 201 again and its journal is empty."""
+    for _ in range(100):
+        r = await c.post(f"/v1/queues/{queue}/messages", json={"message": "after"})
+        if r.status_code == 201 and not _journal(spool_dir):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the spool was not replayed within 10 s")
+
+
+async def test_the_first_write_after_a_fast_shutdown_is_spooled_not_refused(cluster, tmp_path: Path):
+    """Issue 25, item 11: ``pg_ctl stop -m fast`` terminates every backend ("terminating
+    connection due to administrator command", 57P01) before the first send after it runs:
+    that send never ran, so it is spooled like the 99 after it, not answered 503."""
+    dsn = cluster.dsn
+    async with pool.connect(dsn) as conn:
+        from conveyor.db import migrate
+
+        await migrate.migrate(conn)
+        await queues.create(conn, "first-std")
+    spool_dir = tmp_path / "spool"
+    server = ServerProcess(dsn, env={"CONVEYOR_SPOOL_DIR": str(spool_dir)}).start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+            for _ in range(5):  # the pool's connections are open and idle
+                assert (await c.post("/v1/queues/first-std/messages", json={"message": "warm"})).status_code == 201
+            await asyncio.to_thread(cluster.stop)  # pg_ctl stop -m fast
+            codes = [(await c.post("/v1/queues/first-std/messages", json={"message": f"m{i}"})).status_code
+                     for i in range(100)]
+            assert codes == [202] * 100, f"answers while the database is down: {collections.Counter(codes)}"
+            await asyncio.to_thread(cluster.start)
+            await _until_replayed(c, spool_dir, "first-std")
+        stored = await _stored_bodies(dsn, "first-std")
+        assert all(stored[f"m{i}"] == 1 for i in range(100)), "every spooled send stored once"
+    finally:
+        server.kill()
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _old_frame(body: dict) -> bytes:
+    """A journal record as versions before issue 25 wrote it: length | crc32 | JSON."""
+    payload = orjson.dumps(body)
+    return struct.pack(">II", len(payload), zlib.crc32(payload)) + payload
+
+
+async def test_a_damaged_byte_costs_one_write_and_the_segment_is_kept(cluster, tmp_path: Path):
+    """Issue 25, items 9 and 12: 30 writes spooled by a real server, SIGKILLed; one byte of
+    the 16th is damaged on disk, and a segment of the previous format is left beside it.
+    The next server replays the other 29 and the old one, sets the damaged write aside in
+    rejected.jsonl, keeps the segment as .damaged; everything it wrote is private."""
+    dsn = cluster.dsn
+    async with pool.connect(dsn) as conn:
+        from conveyor.db import migrate
+
+        await migrate.migrate(conn)
+        await queues.create(conn, "damaged-std")
+    spool_dir = tmp_path / "spool"
+    env = {"CONVEYOR_SPOOL_DIR": str(spool_dir)}
+    server = ServerProcess(dsn, env=env).start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+            assert (await c.post("/v1/queues/damaged-std/messages", json={"message": "warm"})).status_code == 201
+            await asyncio.to_thread(cluster.stop)
+            await c.get("/v1/queues/damaged-std/messages")  # finds the outage
+            for i in range(30):
+                r = await c.post("/v1/queues/damaged-std/messages", json={"message": f"m{i}"})
+                assert r.status_code == 202, r.text
+    finally:
+        server.kill()
+    [segment] = _journal(spool_dir)
+    assert (_mode(spool_dir), _mode(segment.parent), _mode(segment)) == (0o700, 0o700, 0o600)
+    data = bytearray(segment.read_bytes())
+    data[data.index(b'"m15"') + 1] ^= 0x20  # "m15" -> "M15": its checksum no longer matches
+    segment.write_bytes(bytes(data))
+    old = segment.parent / "1.spool"  # older than any segment of this version: replayed first
+    old.write_bytes(_old_frame({"kind": "send", "queue": "damaged-std", "sealed": False,
+                                "messages": [{"body": "from the previous version",
+                                              "message_uuid": str(uuid.uuid4())}]}))
+
+    await asyncio.to_thread(cluster.start)
+    restarted = ServerProcess(dsn, env=env).start(timeout=60)  # replays the leftovers before it listens
+    restarted.kill()
+    stored = await _stored_bodies(dsn, "damaged-std")
+    assert stored == collections.Counter(["warm", "from the previous version"]
+                                         + [f"m{i}" for i in range(30) if i != 15])
+    [aside] = [orjson.loads(line) for line in (segment.parent / "rejected.jsonl").read_bytes().splitlines()]
+    assert aside["key"].startswith(f"slot-0/{segment.stem}/") and "damaged" in aside["reason"]
+    kept = segment.parent / (segment.name + ".damaged")
+    assert kept.read_bytes() == bytes(data), "the damaged segment is kept as it was found"
+    assert _mode(kept) == 0o600 and _mode(segment.parent / "rejected.jsonl") == 0o600
+    assert not _journal(spool_dir) and not old.exists()
+
+
+def _fill(directory: Path) -> Path:
+    """Fill the file system of ``directory`` to the last byte."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as out:
+        for size in (1 << 16, 1 << 12, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    out.write(b"\0" * size)
+    return filler
+
+
+async def test_writes_refused_on_a_full_disk_are_never_stored(cluster, tmp_path: Path):
+    """Issue 25, item 10, on a real full disk (a 1 MiB tmpfs): sends refused (503) because the
+    journal cannot be written are cut off it, so a later successful write does not carry
+    them along (clients retry 503s: they would be stored twice), and nothing of them is
+    left to be set aside as damage."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"a small tmpfs needs mount privileges: {mounted.stderr.strip()}")
+    server: ServerProcess | None = None
+    try:
+        dsn = cluster.dsn
+        async with pool.connect(dsn) as conn:
+            from conveyor.db import migrate
+
+            await migrate.migrate(conn)
+            await queues.create(conn, "full-std")
+        spool_dir = disk / "spool"
+        server = ServerProcess(dsn, env={"CONVEYOR_SPOOL_DIR": str(spool_dir)}).start()
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+            async def send(body: str) -> int:
+                return (await c.post("/v1/queues/full-std/messages", json={"message": body})).status_code
+
+            assert await send("warm") == 201
+            await asyncio.to_thread(cluster.stop)
+            assert await send("first") == 202
+            filler = await asyncio.to_thread(_fill, disk)
+            refused = [await send(f"refused {i} " + "x" * 5000) for i in range(3)]  # more than the page left
+            assert refused == [503] * 3
+            filler.unlink()
+            assert await send("after the disk was freed") == 202
+            await asyncio.to_thread(cluster.start)
+            await _until_replayed(c, spool_dir, "full-std")
+        stored = await _stored_bodies(dsn, "full-std")
+        assert not [body for body in stored if body.startswith("refused")], "a write answered 503 was stored"
+        assert stored["first"] == 1 and stored["after the disk was freed"] == 1
+        assert not list(spool_dir.glob("slot-*/rejected.jsonl")) and not list(spool_dir.glob("slot-*/*.damaged"))
+    finally:
+        if server is not None:
+            server.kill()
+        subprocess.run(["umount", str(disk)], check=False)

@@ -14,6 +14,9 @@ import botocore
 import botocore.exceptions
 import httpx
 import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 from queen import Queen
 
 from support.server import ServerProcess, free_port
@@ -163,13 +166,86 @@ def test_only_a_bare_unsubscribe_link_skips_authentication(servers, creds):
     for r in smuggled:
         assert r.status_code == 403, r.text
     assert name not in str(admin.list_topics()["Topics"])
-    # the bare link still works without credentials
+
+
+@pytest.mark.parametrize("mode,creds", SERVERS)
+def test_a_bare_unsubscribe_link_needs_its_token_unless_anyone_may_call(servers, mode, creds):
+    """The bare link took the subscription ARN (which every reader lists) as its capability.
+    Now it needs the token delivered to the endpoint (tests/sns/test_subscription_actions.py),
+    in every mode but the one where anyone may call anything as admin (none, no AWS keys)."""
+    server = servers[(mode, creds)]
+    admin = _admin_sns(server, mode, creds)
     topic = admin.create_topic(Name=f"links-{uuid.uuid4().hex[:8]}")["TopicArn"]
-    sub = admin.subscribe(TopicArn=topic, Protocol="sqs",
-                          Endpoint=f"arn:aws:sqs:us-east-1:000000000000:{_queue(server)}")["SubscriptionArn"]
+    sub = admin.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/in")["SubscriptionArn"]
     r = httpx.get(server.url + "/", params={"Action": "Unsubscribe", "SubscriptionArn": sub})
-    assert r.status_code == 200, r.text
-    assert admin.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"] == []
+    left = [s["SubscriptionArn"] for s in admin.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]]
+    if mode == "none" and not creds:
+        assert r.status_code == 200 and left == [], r.text
+    else:
+        assert r.status_code == 403 and "<Code>AuthorizationError</Code>" in r.text, r.text
+        assert left == [sub]
+
+
+def _admin_sns(server: ServerProcess, mode: str, creds: bool):
+    """An admin's boto3 SNS client; in token mode without AWS keys it sends the admin's
+    bearer token in place of a signature."""
+    client = sns_client(server.url, "query", secret_key="good-secret")
+    if mode == "token" and not creds:
+        def bearer(request, **_kwargs) -> None:
+            request.headers["Authorization"] = "Bearer good-token"
+        client.meta.events.register("before-send.sns", bearer)
+    return client
+
+
+def _signed_for(url: str, service: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    """A request signed by botocore with a valid key, its credential scope naming ``service``."""
+    request = AWSRequest(method="POST", url=url + "/", data=body, headers=headers)
+    SigV4Auth(Credentials("AKIDCONVEYORTEST", "good-secret"), service, "us-east-1").add_auth(request)
+    return httpx.post(url + "/", content=body, headers=dict(request.headers.items()))
+
+
+def test_a_signature_opens_only_the_service_its_scope_names(servers):
+    """A valid SigV4 signature scoped to sns was accepted on SQS actions (and sqs on SNS's):
+    the key derived for one service opened the other. AWS answers SignatureDoesNotMatch."""
+    url = servers[("token", True)].url
+    sqs_call = (b"{}", {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.ListQueues"})
+    sns_call = (b"Action=ListTopics&Version=2010-03-31", {"Content-Type": "application/x-www-form-urlencoded"})
+    assert _signed_for(url, "sqs", *sqs_call).status_code == 200
+    assert _signed_for(url, "sns", *sns_call).status_code == 200
+    wrong = _signed_for(url, "sns", *sqs_call)
+    assert wrong.status_code == 403, wrong.text
+    assert wrong.json()["__type"].endswith("SignatureDoesNotMatch")
+    assert wrong.json()["message"] == "Credential should be scoped to correct service: 'sqs'. "
+    wrong = _signed_for(url, "sqs", *sns_call)
+    assert wrong.status_code == 403, wrong.text
+    assert "<Code>SignatureDoesNotMatch</Code>" in wrong.text
+    assert "Credential should be scoped to correct service: 'sns'. " in wrong.text
+
+
+@pytest.mark.parametrize("mode,creds,authorization", [
+    ("token", False, "Bearer good-token"), ("token", True, "Bearer good-token"), ("header", False, None)])
+def test_sender_id_is_never_an_unverified_access_key(servers, mode, creds, authorization):
+    """A credential scope nobody verified named the sender: a bearer-token caller adding
+    X-Amz-Credential=AKIDADMIN/... to the URL (or, where any Authorization is accepted, an
+    unverified SigV4 header) made consumers see SenderId=AKIDADMIN."""
+    server = servers[(mode, creds)]
+    scope = "AKIDADMIN/20260101/us-east-1/sqs/aws4_request"
+    if authorization is None:  # an unverified SigV4 header (header mode takes any)
+        authorization = f"AWS4-HMAC-SHA256 Credential={scope}, SignedHeaders=host, Signature=00"
+        query = ""
+    else:  # an unsigned presigned-URL scope beside the bearer token
+        query = f"?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={scope.replace('/', '%2F')}"
+    headers = {"Content-Type": "application/x-amz-json-1.0", "Authorization": authorization}
+
+    def call(action: str, **params: object) -> dict:
+        r = httpx.post(server.url + "/" + query, json=params, headers={**headers, "X-Amz-Target": f"AmazonSQS.{action}"})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    queue_url = call("CreateQueue", QueueName=f"sender-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    call("SendMessage", QueueUrl=queue_url, MessageBody="who sent me?")
+    [message] = call("ReceiveMessage", QueueUrl=queue_url, AttributeNames=["SenderId"])["Messages"]
+    assert message["Attributes"]["SenderId"] == "000000000000"  # the account: nobody verified more
 
 
 def _queue(server) -> str:

@@ -43,6 +43,31 @@ def test_default_allows_public_addresses(address):
     assert egress.Allowlist.parse("public").allows_address(ip(address))
 
 
+# IPv6 forms that carry an IPv4 address a translator or tunnel delivers to: each one that
+# leads to an internal address (loopback, the metadata service, a private network)
+@pytest.mark.parametrize("address", [
+    "64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe", "64:ff9b::a00:5",  # NAT64, well-known prefix
+    "64:ff9b:1::7f00:1", "64:ff9b:1::808:808", "64:ff9b:1:808:8:808::",  # NAT64, local use: never
+    "2002:7f00:1::", "2002:a9fe:a9fe::1", "2002:c0a8:101::",  # 6to4
+    "::127.0.0.1", "::169.254.169.254", "::10.0.0.1",  # IPv4-compatible
+    "::ffff:0:127.0.0.1", "::ffff:0:169.254.169.254", "::ffff:0:192.168.1.1",  # SIIT (IPv4-translated)
+    "2001:0:7f00:1::f7ff:fffe", "2001:0:808:808::3f57:fefe",  # Teredo: server 127.0.0.1, or client 192.168.1.1
+    "fec0::1", "fec0:1:2:3::4", "feff::1",  # site-local (deprecated)
+])
+def test_public_judges_the_ipv4_address_an_ipv6_address_carries(address):
+    allowlist = egress.Allowlist.parse("public")
+    assert not allowlist.allows_address(ip(address))
+    with pytest.raises(egress.Denied, match="not allowed by CONVEYOR_WEBHOOK_ALLOW"):
+        allowlist.check_address(ip(address), "example.test")
+
+
+def test_a_public_ipv4_address_behind_nat64_stays_allowed():
+    assert egress.Allowlist.parse("public").allows_address(ip("64:ff9b::808:808"))
+    with pytest.raises(egress.Denied, match=r"64:ff9b::a9fe:a9fe \(which leads to 169.254.169.254\)"):
+        egress.Allowlist.parse("public").check_address(ip("64:ff9b::a9fe:a9fe"), "64:ff9b::a9fe:a9fe")
+    assert egress.Allowlist.parse("64:ff9b::/96").allows_address(ip("64:ff9b::7f00:1"))  # listed: the operator's call
+
+
 def test_listing_replaces_the_default():
     allowlist = egress.Allowlist.parse("10.0.0.0/8, 127.0.0.1,hooks.example.com,*.corp.example")
     assert allowlist.allows_address(ip("10.9.8.7")) and allowlist.allows_address(ip("127.0.0.1"))

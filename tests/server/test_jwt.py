@@ -95,6 +95,26 @@ def test_hs256_roles_expiry_and_not_before(hs_server, queue_name):
     assert r.status_code == 400  # not a field a client may send
 
 
+def test_times_must_be_numeric_dates(hs_server):
+    """``"exp": "9999999999"`` (a string) was accepted as an expiry in 2286: PyJWT compares
+    int(exp). exp, nbf and iat must be JSON numbers; anything else is an invalid token,
+    refused as such on REST and on the AWS endpoints."""
+    far = int(time.time()) + 300
+    sqs = {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.ListQueues"}
+    for claims in ({"exp": str(far)}, {"exp": "9999999999"}, {"exp": far, "nbf": "0"},
+                   {"exp": far, "iat": str(far - 600)}, {"exp": far, "nbf": True}):
+        bad = jwt.encode({"sub": "a", "role": "admin", **claims}, SECRET, algorithm="HS256")
+        r = _get(hs_server, bad)
+        assert r.status_code == 403 and r.json()["code"] == "Unauthorized", (claims, r.text)
+        assert r.json()["error"].startswith("invalid JWT: "), (claims, r.text)
+        r = httpx.post(hs_server.url + "/", content=b"{}", headers={**sqs, "Authorization": f"Bearer {bad}"})
+        assert r.status_code == 403 and r.json()["__type"].endswith("InvalidClientTokenId"), (claims, r.text)
+    # numbers, fractions included (RFC 7519's NumericDate may have them), are fine
+    good = jwt.encode({"sub": "a", "role": "admin", "exp": far + 0.5, "nbf": far - 600, "iat": far - 300.25},
+                      SECRET, algorithm="HS256")
+    assert _get(hs_server, good).status_code == 200
+
+
 def test_rs256_and_eddsa_with_a_configured_role_claim(key_servers):
     assert _get(key_servers["RS256"], token(RSA_PRIVATE, "RS256")).status_code == 200
     # an HS256 token signed with the public key as its secret: the classic confusion, refused

@@ -188,6 +188,25 @@ async def test_a_disallowed_destination_is_held_and_never_attempted(database):
     assert sample(metrics, "queue_delivery_attempts_total", outcome="failure") == 0
 
 
+async def test_ipv6_forms_of_internal_ipv4_addresses_are_held_under_public(database):
+    """Issue 25, item 13: NAT64, 6to4, IPv4-compatible and SIIT forms of loopback, and a
+    site-local address, as subscribers' endpoints under the default ``public``: held with
+    the reason, never attempted."""
+    metrics = Metrics()
+    endpoints = ["http://[64:ff9b::7f00:1]/hook", "http://[64:ff9b:1::7f00:1]/hook", "http://[2002:7f00:1::1]/hook",
+                 "http://[::127.0.0.1]/hook", "https://[::ffff:0:7f00:1]:8443/hook", "http://[fec0::1]/hook"]
+    for n, endpoint in enumerate(endpoints):
+        await publish(database, endpoint, key=f"k{n}")
+    public = config(allowlist=egress.Allowlist.parse("public"))
+    async with webhooks.session(public) as http:
+        assert await webhooks.step(database, metrics, http, public) == len(endpoints)
+    held = await rows(database)
+    assert [r.state for r in held] == ["held"] * len(endpoints) and all(r.attempt == 0 for r in held)
+    assert "destination 64:ff9b::7f00:1 (which leads to 127.0.0.1) is not allowed" in held[0].held_reason
+    assert all("is not allowed by CONVEYOR_WEBHOOK_ALLOW (public)" in r.held_reason for r in held)
+    assert sample(metrics, "queue_delivery_attempts_total", outcome="failure") == 0
+
+
 async def test_timeouts_and_refused_connections_are_failures(database):
     metrics = Metrics()
     async with hook_server() as hook:

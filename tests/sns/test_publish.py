@@ -86,7 +86,7 @@ def test_fan_out_to_queues_with_signed_envelopes(server, sns, sqs, make_topic, m
         assert not verify_sns_signature({**envelope, "Message": "tampered"})
 
 
-def test_envelope_without_subject_verifies_and_unsubscribe_url_works(server, sns, sqs, make_topic, make_queue):
+def test_envelope_without_subject_verifies_and_its_unsubscribe_url_needs_credentials(server, sns, sqs, make_topic, make_queue):
     topic = make_topic()
     url, sub = _subscribe_queue(sns, make_queue, topic)
     sns.publish(TopicArn=topic, Message="no subject")
@@ -94,9 +94,12 @@ def test_envelope_without_subject_verifies_and_unsubscribe_url_works(server, sns
     envelope = json.loads(msg["Body"])
     assert "Subject" not in envelope and verify_sns_signature(envelope)
     assert envelope["UnsubscribeURL"].endswith(sub)
-    # the link needs no credentials, as on AWS
+    # a queue subscription authenticates on unsubscribe: whoever may browse the queue sees
+    # the link, so without credentials it is refused (docs/sns.md); Unsubscribe removes it
     answer = httpx.get(envelope["UnsubscribeURL"])
-    assert answer.status_code == 200 and "UnsubscribeResponse" in answer.text
+    assert answer.status_code == 403 and "<Code>AuthorizationError</Code>" in answer.text
+    assert sub in [s["SubscriptionArn"] for s in sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]]
+    sns.unsubscribe(SubscriptionArn=sub)
     assert sub not in [s["SubscriptionArn"] for s in sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]]
 
 

@@ -1,15 +1,19 @@
 """SNS subscription actions through boto3 in both wire protocols: Subscribe (sqs, http,
 https; attributes; idempotence), Unsubscribe, ConfirmSubscription, ListSubscriptions and
-ListSubscriptionsByTopic (paging), Get/SetSubscriptionAttributes — and SNS's errors."""
+ListSubscriptionsByTopic (paging), Get/SetSubscriptionAttributes — and SNS's errors; who may
+unsubscribe, role by role, with and without credentials (the unsubscribe link's token)."""
 
 from __future__ import annotations
 
 import json
 
 import botocore.exceptions
+import httpx
 import pytest
 
-from support.sns_clients import ACCOUNT, REGION, error_code, sns_client, status_code, unique
+from support.server import ServerProcess
+from support.sns_clients import ACCOUNT, REGION, error_code, receive_all, sns_client, status_code, unique
+from support.sqs_clients import client as sqs_client
 
 pytestmark = pytest.mark.slow
 
@@ -239,3 +243,102 @@ def test_subscribe_checks_the_topic_before_the_endpoint(sns):
                                ("sqs", "not-an-arn"), ("http", "https://wrong.scheme/")]:
         _fails(lambda p=protocol, e=endpoint: sns.subscribe(TopicArn=missing, Protocol=p, Endpoint=e), "NotFound",
                404, "Topic does not exist")
+
+
+# -- who may unsubscribe --------------------------------------------------------------------------
+
+KEYS = {"read": ("AKIDREADER", "reader-secret"), "write": ("AKIDWRITER", "writer-secret"),
+        "admin": ("AKIDADMIN", "admin-secret")}
+
+
+@pytest.fixture(scope="module")
+def roles_server(module_dsn):
+    """Token mode, an AWS key per role, webhooks to loopback."""
+    keys = ",".join(f"{key}:{secret}:{role}" for role, (key, secret) in KEYS.items())
+    proc = ServerProcess(module_dsn, env={"CONVEYOR_AUTH": "token", "CONVEYOR_AUTH_TOKENS": "unused-token:read", "CONVEYOR_AWS_CREDENTIALS": keys,
+                                          "CONVEYOR_WEBHOOK_ALLOW": "127.0.0.1/32", "CONVEYOR_WEBHOOK_POLL": "0.1"}).start()
+    yield proc
+    proc.kill()
+
+
+def _as(server: ServerProcess, role: str, protocol: str = "query"):
+    key, secret = KEYS[role]
+    return sns_client(server.url, protocol, access_key=key, secret_key=secret)
+
+
+def _arns(client, topic: str) -> set[str]:
+    return {s["SubscriptionArn"] for s in client.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]}
+
+
+def _link(server: ServerProcess, url: str) -> httpx.Response:
+    """An unsubscribe link followed as a mail client or a scanner follows it: no credentials."""
+    assert url.startswith(server.url + "/?Action=Unsubscribe&SubscriptionArn=")
+    return httpx.get(url)
+
+
+@pytest.mark.parametrize("protocol", ["query", "json"])
+def test_a_reader_cannot_unsubscribe_and_only_the_endpoint_holds_its_link(roles_server, endpoint, protocol):
+    """Issue 25: a read-only caller listed the subscription ARNs, then followed the
+    credential-free link GET /?Action=Unsubscribe&SubscriptionArn=<arn>, and fan-out stopped
+    silently. The link's capability is now a token delivered to the endpoint alone."""
+    url = roles_server.url
+    reader, writer, admin = (_as(roles_server, role, protocol) for role in ("read", "write", "admin"))
+    sqs = sqs_client(url, "json", access_key=KEYS["admin"][0], secret_key=KEYS["admin"][1])
+    topic = admin.create_topic(Name=unique())["TopicArn"]
+    queue = unique("q")
+    queue_url = sqs.create_queue(QueueName=queue)["QueueUrl"]
+    sub_q = admin.subscribe(TopicArn=topic, Protocol="sqs",
+                            Endpoint=f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue}")["SubscriptionArn"]
+    sub_h = admin.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)["SubscriptionArn"]
+    assert _arns(reader, topic) == {sub_q, sub_h}  # a reader lists them (as on AWS)
+
+    for arn in (sub_q, sub_h):
+        for extra in ({}, {"Token": ""}, {"Token": "A" * 22}):  # the ARN alone, or a made-up token
+            r = httpx.get(url + "/", params={"Action": "Unsubscribe", "SubscriptionArn": arn, **extra})
+            assert r.status_code == 403 and "<Code>AuthorizationError</Code>" in r.text, r.text
+        for caller in (reader, writer):  # the Unsubscribe action needs admin, as REST's DELETE
+            _fails(lambda c=caller, a=arn: c.unsubscribe(SubscriptionArn=a), "AuthorizationError", 403)
+    assert _arns(admin, topic) == {sub_q, sub_h}
+
+    admin.publish(TopicArn=topic, Message="fan-out goes on")  # both still get it
+    [request] = endpoint.wait_for(1)
+    [message] = receive_all(sqs, queue_url, 1)
+    endpoint_link = json.loads(request.body)["UnsubscribeURL"]
+    queue_link = json.loads(message["Body"])["UnsubscribeURL"]
+    token = endpoint_link.partition("&Token=")[2]
+    assert token and "Token=" not in queue_link  # what a queue holds, readers may browse: no token
+    # a token opens its own subscription only; a queue's link needs credentials
+    assert _link(roles_server, f"{queue_link}&Token={token}").status_code == 403
+    assert _link(roles_server, queue_link).status_code == 403
+    assert _arns(admin, topic) == {sub_q, sub_h}
+
+    # the endpoint's own link unsubscribes it, without credentials (and again: gone is gone)
+    for _ in range(2):
+        r = _link(roles_server, endpoint_link)
+        assert r.status_code == 200 and "UnsubscribeResponse" in r.text, r.text
+    assert _arns(admin, topic) == {sub_q}
+    admin.unsubscribe(SubscriptionArn=sub_q)  # the admin's Unsubscribe, as on AWS
+    assert _arns(admin, topic) == set()
+
+
+def test_authenticate_on_unsubscribe_locks_the_endpoints_link(roles_server, endpoint):
+    """ConfirmSubscription's AuthenticateOnUnsubscribe=true: from then on only an
+    authenticated Unsubscribe removes the subscription, not the link it was delivered."""
+    writer, admin = _as(roles_server, "write"), _as(roles_server, "admin")
+    topic = admin.create_topic(Name=unique())["TopicArn"]
+    sub = admin.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)["SubscriptionArn"]
+    key = sub.rsplit(":", 1)[1]
+    _fails(lambda: writer.confirm_subscription(TopicArn=topic, Token=key, AuthenticateOnUnsubscribe="maybe"),
+           "InvalidParameter")
+    assert writer.confirm_subscription(TopicArn=topic, Token=key,
+                                       AuthenticateOnUnsubscribe="true")["SubscriptionArn"] == sub
+    admin.publish(TopicArn=topic, Message="locked")
+    [request] = endpoint.wait_for(1)
+    r = _link(roles_server, json.loads(request.body)["UnsubscribeURL"])
+    assert r.status_code == 403 and "requires authentication to unsubscribe" in r.text, r.text
+    # confirming again without the flag does not unlock it (as on AWS)
+    writer.confirm_subscription(TopicArn=topic, Token=key, AuthenticateOnUnsubscribe="false")
+    assert _link(roles_server, json.loads(request.body)["UnsubscribeURL"]).status_code == 403
+    assert _arns(admin, topic) == {sub}
+    admin.unsubscribe(SubscriptionArn=sub)
+    assert _arns(admin, topic) == set()

@@ -111,12 +111,12 @@ def test_authentication(server):
         "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSNS.ListTopics"})
     assert no_auth_json.status_code == 403
     assert no_auth_json.json()["__type"] == "com.amazonaws.sns#MissingAuthenticationToken"
-    # the Unsubscribe link of an envelope needs no credentials; an unknown one is a no-op
+    # an Unsubscribe link without credentials is judged by its token, which an ARN is not
     link = httpx.get(server.url + "/", params={
         "Action": "Unsubscribe",
         "SubscriptionArn": "arn:aws:sns:us-east-1:000000000000:t:00000000-0000-4000-8000-000000000000"})
-    assert link.status_code == 200 and "UnsubscribeResponse" in link.text
-    # ... but nothing else does
+    assert link.status_code == 403 and "<Code>AuthorizationError</Code>" in link.text
+    # ... and nothing else is taken without credentials
     assert httpx.get(server.url + "/", params={"Action": "ListTopics"}).status_code == 403
 
 

@@ -185,3 +185,40 @@ def test_screenshots_of_every_page(signed_in, ui_server, tmp_path):
         page.screenshot(path=str(path), full_page=True)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert console.errors == []
+
+
+def test_every_answer_under_ui_carries_the_security_headers(ui_server: ServerProcess):
+    """/ui was served without Content-Security-Policy, X-Frame-Options and
+    X-Content-Type-Options: the page, its files, its data and its errors all carry them.
+    (A request without credentials is refused before it reaches the dashboard, by the
+    server's authentication, with a JSON body and no page to frame.)"""
+    reader = {"Authorization": f"Bearer {READER}"}
+    for path, headers, status in (("/ui/", {}, 200), ("/ui/static/app.js", {}, 200),
+                                  ("/ui/static/nothing.js", {}, 404), ("/ui/api/queues", reader, 200),
+                                  ("/ui/api/nothing", reader, 404)):
+        r = httpx.get(ui_server.url + path, headers=headers)
+        assert r.status_code == status, path
+        policy = r.headers.get("content-security-policy", "")
+        assert "default-src 'none'" in policy and "script-src 'self'" in policy, path
+        assert "frame-ancestors 'none'" in policy, path
+        assert r.headers.get("x-frame-options") == "DENY", path
+        assert r.headers.get("x-content-type-options") == "nosniff", path
+
+
+def test_the_policy_holds_in_the_browser(browser, ui_server):
+    """What the headers promise, in Chromium: an inline script injected into the signed-in
+    page does not run, and another page cannot frame the dashboard."""
+    page, console = open_dashboard(browser, ui_server, READER)
+    ran = page.evaluate("""() => { const s = document.createElement('script');
+        s.textContent = 'window.injected = true'; document.body.append(s); return window.injected === true; }""")
+    assert ran is False
+    assert any("Content Security Policy" in e and "script-src" in e for e in console.errors)
+    page.context.close()
+    context = browser.new_context()
+    framing = context.new_page()
+    refused: list[str] = []
+    framing.on("console", lambda m: refused.append(m.text) if m.type == "error" else None)
+    framing.set_content(f'<iframe src="{ui_server.url}/ui/"></iframe>')
+    framing.wait_for_timeout(1000)
+    assert any("frame-ancestors" in e for e in refused), refused
+    context.close()

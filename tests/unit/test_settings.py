@@ -28,6 +28,9 @@ def test_environment_and_overrides():
     ({"CONVEYOR_AUTH": "token"}, "CONVEYOR_AUTH_TOKENS"),
     ({"CONVEYOR_AUTH_TOKENS": "nocolon"}, "TOKEN:"),
     ({"CONVEYOR_POOL_MIN": "5", "CONVEYOR_POOL_MAX": "2"}, "pool"),
+    ({"CONVEYOR_QUEEN_CREATE_ON_PUSH": "write"}, "create-on-push"),
+    ({"CONVEYOR_QUEEN_CREATE_PER_PUSH": "0"}, "per push"),
+    ({"CONVEYOR_QUEEN_CREATE_MAX_QUEUES": "-1"}, "per push"),
 ])
 def test_bad_values_name_the_variable(env, fragment):
     with pytest.raises(ValueError, match=fragment):
@@ -36,3 +39,10 @@ def test_bad_values_name_the_variable(env, fragment):
 
 def test_tokens_may_contain_colons():
     assert parse_tokens("a:b:c:write") == {"a:b:c": "write"}
+
+
+def test_queens_create_on_push_is_bounded_by_default():
+    s = Settings.from_env({})
+    assert (s.queen_create_on_push, s.queen_create_per_push, s.queen_create_max_queues) == ("any", 10, 10000)
+    s = Settings.from_env({"CONVEYOR_QUEEN_CREATE_ON_PUSH": " Admin ", "CONVEYOR_QUEEN_CREATE_MAX_QUEUES": "0"})
+    assert (s.queen_create_on_push, s.queen_create_max_queues) == ("admin", 0)

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from conveyor import errors, types
+from conveyor import errors, json_input, types
 
 MAX_BYTES = 256 * 1024
 MAX_KEYS = 5
@@ -53,7 +53,7 @@ def parse(policy: str | Mapping[str, Any]) -> dict[str, Any]:
     if len(text) > MAX_BYTES:
         raise _invalid(f"Filter policy is too large: it must be at most {MAX_BYTES} bytes")
     try:
-        value = orjson.loads(text)
+        value = json_input.loads(text)
     except orjson.JSONDecodeError as exc:
         raise _invalid(f"failed to parse JSON. {exc}") from None
     if not isinstance(value, dict):

@@ -34,6 +34,11 @@ async def get(conn: Connection, name: str) -> types.PartitionedQueue | None:
     return await db.fetch_one(conn, "pqueue_get", {"name": name}, row=types.PartitionedQueue)
 
 
+async def get_many(conn: Connection, names: Sequence[str]) -> list[types.PartitionedQueue]:
+    """Those of the named queues that exist."""
+    return await db.fetch_all(conn, "pqueue_get_many", {"names": list(names)}, row=types.PartitionedQueue)
+
+
 async def list_all(conn: Connection) -> list[types.PartitionedQueue]:
     return await db.fetch_all(conn, "pqueue_list", row=types.PartitionedQueue)
 
@@ -49,8 +54,18 @@ async def listen(conn: Connection, name: str, seconds: int) -> None:
 
 async def push(conn: Connection, items: Sequence[Json]) -> list[Json]:
     """Push items ``{queue, partition?, payload, transactionId?, traceId?, producerSub?,
-    encrypted?}``; one answer per item (``status`` queued or duplicate)."""
+    encrypted?}``; one answer per item (``status`` queued or duplicate). Queues it names
+    that do not exist are created (bound that first with ``create_missing``)."""
     return await db.fetch_scalar(conn, "pqueue_push", {"items": db.jsonb(list(items))}, list)
+
+
+async def create_missing(conn: Connection, names: Sequence[str], *, max_new: int | None = None,
+                         max_total: int | None = None) -> list[str]:
+    """Create those of ``names`` that do not exist, at most ``max_new`` of them and none
+    beyond ``max_total`` partitioned queues in all (None: no bound); beyond either,
+    nothing is created (``errors.QueueLimitReached``). Returns the names created."""
+    return await db.fetch_scalar(conn, "pqueue_create_missing",
+                                 {"names": list(names), "max_new": max_new, "max_total": max_total}, list)
 
 
 async def pop(conn: Connection, request: Json) -> Json:
@@ -66,7 +81,9 @@ async def pop_many(conn: Connection, requests: Sequence[Json]) -> list[Json]:
 
 async def ack(conn: Connection, acks: Sequence[Json], *, strict: bool = False) -> list[Json]:
     """Acknowledge ``{transactionId, partitionId, leaseId?, status, error?, consumerGroup?}``
-    each; one answer per ack. ``strict`` raises on the first refused one instead."""
+    each; one answer per ack. An ack acts under the lease it names; one naming none is
+    refused while another holds a live lease on its partition for its group. ``strict``
+    raises on the first refused one instead."""
     return await db.fetch_scalar(conn, "pqueue_ack", {"acks": db.jsonb(list(acks)), "strict": strict}, list)
 
 
@@ -75,9 +92,13 @@ async def renew(conn: Connection, leases: Sequence[Json]) -> list[Json]:
     return await db.fetch_scalar(conn, "pqueue_renew", {"leases": db.jsonb(list(leases))}, list)
 
 
-async def transaction(conn: Connection, operations: Sequence[Json]) -> Json:
-    """Acks and pushes, all or nothing (``errors.LeaseNotHeld`` if an ack's lease is gone)."""
-    return await db.fetch_scalar(conn, "pqueue_transaction", {"operations": db.jsonb(list(operations))}, dict)
+async def transaction(conn: Connection, operations: Sequence[Json], required_leases: Sequence[str] = ()) -> Json:
+    """Acks and pushes, all or nothing (``errors.LeaseNotHeld`` if an ack's lease is gone,
+    or one of ``required_leases`` is no longer held; acks naming no lease act under the
+    required lease of their partition)."""
+    return await db.fetch_scalar(conn, "pqueue_transaction", {
+        "operations": db.jsonb(list(operations)),
+        "required_leases": db.jsonb(list(required_leases)) if required_leases else None}, dict)
 
 
 async def subscribe(conn: Connection, queue: str, group: str, mode: str = "all",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import select
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -24,6 +25,12 @@ log = logging.getLogger(__name__)
 RECONNECT_WINDOW = 5.0
 # At most one drain of the whole pool per this many seconds (see ``_drain_soon``).
 DRAIN_INTERVAL = 1.0
+# How long a request waits for a fresh connection once the idle ones it was given were all
+# found closed (``Database._checked_out``): the database was probably shut down.
+REPLACE_TIMEOUT = 1.0
+# Reads of an idle connection's pending input at checkout (``_check_idle``): enough for a
+# server's last message and the end of the stream.
+IDLE_READS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +102,11 @@ class Database:
             raise errors.DatabaseUnreachable("the database is unreachable; calls fail at once until it answers again")
         try:
             with execute.translated():
-                async with self._pool.connection(timeout=timeout) as conn:
+                conn = await self._checked_out(timeout)
+                try:
                     yield conn
+                finally:
+                    await self._pool.putconn(conn)
         except Exception as exc:
             if isinstance(exc.__cause__, (psycopg.OperationalError, psycopg_pool.PoolTimeout)):
                 self._check_soon()
@@ -107,10 +117,39 @@ class Database:
                 self._drain_soon()
             if isinstance(exc, errors.Throttled) and self._on_throttled is not None:
                 self._on_throttled()
-            if isinstance(exc.__cause__, psycopg_pool.PoolTimeout) and not isinstance(exc, errors.Throttled):
-                raise errors.DatabaseUnreachable(exc.message if isinstance(exc, errors.ConveyorError) else str(exc)) \
-                    from exc.__cause__  # no connection was had: nothing was sent
+            if _never_ran(exc) and not isinstance(exc, errors.DatabaseUnreachable):
+                told = exc.__cause__ if isinstance(exc.__cause__, _FoundClosed) else exc
+                raise errors.DatabaseUnreachable(told.message if isinstance(told, errors.ConveyorError) else str(told)) \
+                    from exc.__cause__
             raise
+
+    async def _checked_out(self, timeout: float | None) -> execute.Connection:
+        """A pooled connection that was not closed while it sat idle (``_check_idle``).
+
+        One found closed goes back to the pool, which drops it, and another is taken: an
+        idle connection cut by a proxy or ``idle_session_timeout`` is replaced without the
+        request noticing. Once the idle ones are used up, a fresh one is waited for at most
+        ``REPLACE_TIMEOUT``: a database that was shut down (every idle connection closed at
+        once) is then reported unreachable within that time, nothing having been sent."""
+        found_closed: _FoundClosed | None = None
+        for _ in range(self._pool.max_size + 1):
+            idle = self._pool.get_stats().get("pool_available", 0)
+            wait = timeout if found_closed is None or idle > 0 else min(timeout or REPLACE_TIMEOUT, REPLACE_TIMEOUT)
+            try:
+                conn = await self._pool.getconn(timeout=wait)
+            except psycopg_pool.PoolTimeout as exc:
+                if found_closed is not None:
+                    raise found_closed from exc
+                raise
+            try:
+                _check_idle(conn)
+            except _FoundClosed as exc:
+                await self._pool.putconn(conn)  # broken: the pool discards it and makes another
+                found_closed = exc
+                continue
+            return conn
+        assert found_closed is not None
+        raise found_closed
 
     async def ping(self, timeout: float) -> None:
         """Raise unless a pooled connection answers within ``timeout`` seconds."""
@@ -194,6 +233,56 @@ def _unreachable(cause: BaseException | None) -> bool:
     if isinstance(cause, psycopg_pool.PoolTimeout):
         return True
     return isinstance(cause, psycopg.OperationalError) and (cause.sqlstate is None or cause.sqlstate in _DOWN_STATES)
+
+
+def _never_ran(exc: BaseException) -> bool:
+    """Whether a failure proves the database ran nothing of the request, so that the
+    failover spool may take it without risk of storing it twice (``DatabaseUnreachable``):
+
+    - no connection could be had (``PoolTimeout``, not admission control's refusal);
+    - SQLSTATE 57P01, "terminating connection due to administrator command" (``pg_ctl stop
+      -m fast``, ``pg_terminate_backend``): PostgreSQL raises it only at an interrupt check,
+      as a FATAL error that aborts the transaction in progress; a COMMIT holds interrupts
+      until it is done, so a statement that gets 57P01 was never committed. (An immediate
+      shutdown or a crash says "terminating connection" as a warning, not this error: the
+      client then only sees the connection close, which is ambiguous, below.)
+    - the pooled connection was found closed before anything was sent on it (``_check_idle``).
+
+    Anything else — above all a connection lost once the statement was sent ("server closed
+    the connection unexpectedly") — may have committed, and stays ``Unavailable``."""
+    cause = exc.__cause__
+    if isinstance(cause, psycopg_pool.PoolTimeout):
+        return not isinstance(exc, errors.Throttled)
+    return isinstance(cause, (psycopg.errors.AdminShutdown, _FoundClosed))
+
+
+class _FoundClosed(psycopg.OperationalError):
+    """A pooled connection the server (or the network) closed while it sat idle."""
+
+
+def _check_idle(conn: execute.Connection) -> None:
+    """Raise ``_FoundClosed`` if the server closed this idle connection meanwhile.
+
+    A fast shutdown sends each idle backend's "terminating connection" and closes the socket;
+    a killed server or a dropped link just closes it. Either way it sits unread in the socket
+    until the next statement is sent, which then fails as if the link broke under it. An
+    idle connection has nothing to read unless something happened, so one ``poll`` (no round
+    trip) tells: what is there is read (libpq reads once per call: the server's message,
+    then the end of the stream), and a connection that is then broken is reported before
+    any query goes out on it."""
+    pgconn = conn.pgconn
+    poller = select.poll()
+    poller.register(pgconn.socket, select.POLLIN)
+    for _ in range(IDLE_READS):
+        if not poller.poll(0):
+            return
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError as exc:
+            raise _FoundClosed(f"the database closed this connection while it was idle (nothing was sent): "
+                               f"{exc}") from exc
+        if pgconn.status != psycopg.pq.ConnStatus.OK:
+            raise _FoundClosed("the database closed this connection while it was idle (nothing was sent)")
 
 
 async def vacuum(conn: execute.Connection, table: str) -> None:

@@ -78,6 +78,12 @@ class Policy:
         """Whether AWS requests must carry a SigV4 signature valid for a configured key."""
         return bool(self._aws)
 
+    @property
+    def admits_anyone(self) -> bool:
+        """Whether an AWS request without any credentials is served, as admin (mode none
+        without AWS keys)."""
+        return self.mode == "none" and not self.verifies_signatures
+
     def aws_role(self, access_key: str) -> str:
         return self._aws[access_key][1]
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from conveyor import types
-from conveyor.core import receipts
+from conveyor.core import receipts, unsubscribe_links
 
 
 class Broker(Protocol):
@@ -53,6 +53,10 @@ class Broker(Protocol):
     def receipts(self) -> receipts.Keyring:
         """Makes and checks the receipts of queue deliveries (one key per database)."""
 
+    @property
+    def unsubscribe_links(self) -> unsubscribe_links.Links:
+        """Checks the tokens of SNS unsubscribe links (one key per database)."""
+
     def topic_urls(self, base_url: str | None = None) -> types.TopicUrls:
         """ARN region/account and URLs for SNS envelopes; ``base_url`` (what the client
         used) counts unless the server has a configured base URL."""
@@ -65,7 +69,10 @@ class Broker(Protocol):
 
     # Partitioned queues (seed 004's model): JSON documents in Queen's field names, see
     # conveyor.core.partitioned. Pushes, acks and renewals may be fused with other requests.
-    async def pq_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    async def pq_push(self, items: Sequence[dict[str, Any]], *, creatable: int) -> list[dict[str, Any]]:
+        """Push; of the queues the items name that do not exist, create at most
+        ``creatable`` (and none past the server's bound on all queues), else
+        ``errors.QueueLimitReached`` and nothing is done."""
 
     async def pq_pop(self, request: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
         """One pop, long-polling up to ``wait`` seconds without holding a connection."""
@@ -74,7 +81,10 @@ class Broker(Protocol):
 
     async def pq_renew(self, leases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
 
-    async def pq_transaction(self, operations: Sequence[dict[str, Any]]) -> dict[str, Any]: ...
+    async def pq_transaction(self, operations: Sequence[dict[str, Any]], *, required_leases: Sequence[str] = (),
+                             creatable: int) -> dict[str, Any]:
+        """Acks and pushes, all or nothing; ``required_leases`` must all still be held (acks
+        naming no lease act under them); queues created as ``pq_push`` does."""
 
     def pq_opened(self, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Partitioned-queue messages read from the database with sealed payloads opened

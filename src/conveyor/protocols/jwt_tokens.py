@@ -3,8 +3,9 @@
 Signatures by HS256 (a shared secret), RS256 or EdDSA (a public key in PEM), verified by
 PyJWT; the algorithms a server accepts are fixed by its configuration, never by the
 token's header (so "none", or an HMAC signed with a public key, is refused). ``exp`` is
-required and, like ``nbf``, enforced (with ``leeway`` seconds of clock skew); ``aud`` and
-``iss`` are checked when configured. The role comes from a configurable claim (a dotted
+required and, like ``nbf``, enforced (with ``leeway`` seconds of clock skew); ``exp``,
+``nbf`` and ``iat`` must be NumericDates (JSON numbers, RFC 7519 section 2), as PyJWT
+would otherwise take a string of digits; ``aud`` and ``iss`` are checked when configured. The role comes from a configurable claim (a dotted
 path into the claims, e.g. ``realm_access.roles``; a string or a list of strings), its
 values mapped onto Conveyor's roles read < write < admin (the highest one found wins);
 the principal is the ``sub`` claim, which the server stamps on what the request writes.
@@ -24,6 +25,7 @@ from conveyor import errors
 DEFAULT_ROLES = {"read": "read", "read-only": "read", "readonly": "read", "write": "write",
                  "read-write": "write", "readwrite": "write", "admin": "admin"}
 _RANK = {"read": 0, "write": 1, "admin": 2}
+_TIME_CLAIMS = ("exp", "nbf", "iat")  # NumericDate claims (RFC 7519 section 4.1)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ class Verifier:
             raise errors.Unauthorized("the JWT is not valid yet (nbf)") from None
         except jwt.PyJWTError as exc:
             raise errors.Unauthorized(f"invalid JWT: {exc}") from None
+        _check_numeric_dates(claims)
         return Claims(self._role(claims), _subject(claims))
 
     def _role(self, claims: Mapping[str, Any]) -> str:
@@ -110,6 +113,15 @@ class Verifier:
         if not roles:
             raise errors.Unauthorized(f"the JWT's claim {self.config.role_claim!r} names no role this server knows")
         return max(roles, key=_RANK.__getitem__)
+
+
+def _check_numeric_dates(claims: Mapping[str, Any]) -> None:
+    """RFC 7519 times are JSON numbers; PyJWT compares ``int(value)``, so ``"exp": "9999999999"``
+    passed as a far-off expiry. Refused as any other invalid token is."""
+    for name in _TIME_CLAIMS:
+        value = claims.get(name)
+        if name in claims and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise errors.Unauthorized(f"invalid JWT: the {name} claim must be a NumericDate (a JSON number)")
 
 
 def _subject(claims: Mapping[str, Any]) -> str | None:

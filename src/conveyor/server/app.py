@@ -191,7 +191,8 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
 
     v1 = rest.app(broker, conveyor.__version__)
     v1.add_exception_handler(Exception, _internal_error)
-    queen_v1 = queen.app(broker)
+    queen_v1 = queen.app(broker, queen.messages.CreateOnPush(settings.queen_create_on_push,
+                                                             settings.queen_create_per_push))
     queen_v1.add_exception_handler(Exception, _internal_error)
     hq_api = hq.app(broker)
     app = App(

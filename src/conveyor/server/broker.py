@@ -11,17 +11,18 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from conveyor import crypto, errors, tracing, types
-from conveyor.core import messages, partitioned, queues, receipts, signing, spooled, streams, topics
+from conveyor.core import messages, partitioned, queues, receipts, signing, spooled, streams, topics, unsubscribe_links
 from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
 from conveyor.server.fusion import BatchPolicy, Fuser, Static, Vegas
 from conveyor.server.metrics import Metrics
-from conveyor.server.spool import Spool
+from conveyor.server.spool import Damage, Spool
 from conveyor.server.waiters import WaiterHub, partitioned_key, partitioned_queue, stream_key
 from conveyor.settings import Settings
 
@@ -97,7 +98,7 @@ class ServerBroker:
                 "pq_renew": fuser("renew", self._pq_renew_fused, settings.fusion_max_batch, len),
             }
         self._queue_cache: dict[str, tuple[types.Queue, float]] = {}
-        self._pq_cache: dict[str, tuple[bool, float]] = {}
+        self._pq_cache: dict[str, tuple[bool | None, float]] = {}  # queue: (encrypted, None if missing; until)
         self.keyring = crypto.Keyring.of(settings.encryption_keys) if settings.encryption_keys else None
         self.spool: Spool | None = None
         self._replayer: asyncio.Task[None] | None = None
@@ -106,6 +107,7 @@ class ServerBroker:
                                  poll_fallback=settings.poll_fallback_seconds)
         self._signer: signing.Signer | None = None
         self._receipts: receipts.Keyring | None = None
+        self._unsubscribe_links: unsubscribe_links.Links | None = None
         self._signer_lock = asyncio.Lock()
 
     @staticmethod
@@ -188,25 +190,68 @@ class ServerBroker:
             out.append(m)
         return out
 
-    async def _pq_encrypted(self, names: set[str]) -> set[str]:
-        """Which of these partitioned queues have encryptionEnabled (cached like queues)."""
-        found = set()
+    @staticmethod
+    def _pq_named(items: Sequence[dict[str, Any]]) -> set[str]:
+        return {i["queue"] for i in items if isinstance(i.get("queue"), str)}
+
+    def _pq_remember(self, name: str, encrypted: bool | None) -> None:
+        """Cache what a partitioned queue is: encrypted or not, None if it does not exist."""
+        if len(self._pq_cache) > QUEUE_CACHE_SIZE:
+            self._pq_cache.clear()
+        self._pq_cache[name] = (encrypted, time.monotonic() + QUEUE_CACHE_SECONDS)
+
+    def _pq_stale(self, names: set[str]) -> list[str]:
         now = time.monotonic()
-        for name in names:
-            cached = self._pq_cache.get(name)
-            if cached is None or cached[1] <= now:
-                async with self.database.connection() as conn:
-                    found_queue = await partitioned.get(conn, name)
-                enabled = found_queue is not None and found_queue.encryption_enabled  # a new queue: not encrypted
-                if len(self._pq_cache) > QUEUE_CACHE_SIZE:
-                    self._pq_cache.clear()
-                cached = self._pq_cache[name] = (enabled, now + QUEUE_CACHE_SECONDS)
-            if cached[0]:
-                found.add(name)
+        return sorted(n for n in names if (c := self._pq_cache.get(n)) is None or c[1] <= now)
+
+    async def _pq_lookup(self, names: set[str], conn: Connection | None = None) -> dict[str, bool | None]:
+        """What these partitioned queues are (encrypted or not, None if missing): cached like
+        queues, those not known looked up in one query."""
+        stale = self._pq_stale(names)
+        found: dict[str, bool | None] = {n: c[0] for n in names - set(stale) if (c := self._pq_cache.get(n))}
+        if stale:
+            async with contextlib.AsyncExitStack() as stack:
+                if conn is None:
+                    conn = await stack.enter_async_context(self.database.connection())
+                there = {q.name: q.encryption_enabled for q in await partitioned.get_many(conn, stale)}
+            for name in stale:
+                found[name] = there.get(name)
+                self._pq_remember(name, found[name])
         return found
 
+    def _pq_unknown(self, items: Sequence[dict[str, Any]]) -> list[str]:
+        """The queues ``items`` name that this process does not know to exist, however old
+        its knowledge (for the failover spool, when the database cannot be asked)."""
+        return sorted(n for n in self._pq_named(items) if (c := self._pq_cache.get(n)) is None or c[0] is None)
+
+    async def _pq_create_missing(self, items: Sequence[dict[str, Any]], creatable: int | None,
+                                 conn: Connection | None = None) -> list[str]:
+        """Create the queues ``items`` name that do not exist: at most ``creatable`` (None:
+        any number), and none past CONVEYOR_QUEEN_CREATE_MAX_QUEUES queues in all
+        (``errors.QueueLimitReached``, nothing created). The names created; the caller
+        reports them with ``_pq_created`` once committed."""
+        known = await self._pq_lookup(self._pq_named(items), conn)
+        missing = sorted(n for n, encrypted in known.items() if encrypted is None)
+        if not missing:
+            return []
+        async with contextlib.AsyncExitStack() as stack:
+            if conn is None:
+                conn = await stack.enter_async_context(self.database.connection())
+            return await partitioned.create_missing(conn, missing, max_new=creatable,
+                                                    max_total=self.settings.queen_create_max_queues or None)
+
+    def _pq_created(self, names: Sequence[str]) -> None:
+        for name in names:
+            self._pq_remember(name, False)  # a new queue: not encrypted
+        if names:
+            self.metrics.pqueues_created.inc(len(names))
+
+    async def _pq_encrypted(self, names: set[str]) -> set[str]:
+        """Which of these partitioned queues have encryptionEnabled (a new queue has not)."""
+        return {n for n, encrypted in (await self._pq_lookup(names)).items() if encrypted}
+
     async def _pq_sealed(self, items: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
-        encrypted = await self._pq_encrypted({i["queue"] for i in items if isinstance(i.get("queue"), str)})
+        encrypted = await self._pq_encrypted(self._pq_named(items))
         if not encrypted:
             return items
         keyring = self._keyring(f"queue {sorted(encrypted)[0]!r}")
@@ -278,8 +323,13 @@ class ServerBroker:
         return [types.Sent(id=0, message_uuid=m.message_uuid, spooled=True)
                 for m in promised if m.message_uuid is not None]
 
-    async def _spool_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _spool_push(self, items: Sequence[dict[str, Any]], creatable: int) -> list[dict[str, Any]]:
         assert self.spool is not None
+        unknown = self._pq_unknown(items)
+        if len(unknown) > creatable:  # the database cannot tell whether they exist: the replay could create them
+            raise errors.Unavailable(f"queue {unknown[0][:100]!r} is not known to this server, and whether this "
+                                     f"push may create it cannot be checked while the database is unreachable; "
+                                     f"retry later")
         stamped = [{**i, "transactionId": i.get("transactionId") or str(uuid.uuid4())} for i in items]
         flags = {i.get("queue"): self._pq_cache.get(i.get("queue")) for i in stamped}  # the database cannot be asked
         sealed = all(flag is not None for flag in flags.values())  # else sealed when replayed
@@ -289,7 +339,7 @@ class ServerBroker:
             stamped = [{**i, "payload": keyring.seal_text(orjson.dumps(i.get("payload")).decode()), "encrypted": True}
                        if i.get("queue") in encrypted else i for i in stamped]
         self._spool_drained.clear()
-        await self.spool.append({"kind": "pq_push", "sealed": sealed, "items": stamped})
+        await self.spool.append({"kind": "pq_push", "sealed": sealed, "items": stamped, "create": creatable})
         self.metrics.spooled.inc(len(stamped))
         return [{"index": n, "status": "buffered", "transactionId": i["transactionId"], "queue": i.get("queue"),
                  "partition": i.get("partition") or "Default"} for n, i in enumerate(stamped)]
@@ -302,8 +352,11 @@ class ServerBroker:
                 batch = await self._sealed(body["queue"], batch)
             await messages.send_batch(conn, body["queue"], batch)
         else:
+            # the bounds of create-on-push hold at replay (records spooled before them had none)
+            created = await self._pq_create_missing(body["items"], body.get("create"), conn)
             items = body["items"] if body["sealed"] else await self._pq_sealed(body["items"])
             await partitioned.push(conn, items)
+            self._pq_created(created)
 
     async def replay_spool(self) -> int:
         """Replay every record waiting in the spool, oldest first, exactly once; how many."""
@@ -311,9 +364,9 @@ class ServerBroker:
         done = 0
         self.spool.seal_segment()  # appends from now on go to a segment of their own
         for segment in self.spool.sealed_segments():
-            records = list(self.spool.records_of(segment))
-            for at in range(0, len(records), SPOOL_PAGE):
-                page = records[at:at + SPOOL_PAGE]
+            contents = self.spool.read(segment)
+            for at in range(0, len(contents.records), SPOOL_PAGE):
+                page = contents.records[at:at + SPOOL_PAGE]
                 async with self.database.connection() as conn, conn.transaction():
                     fresh = await spooled.claim(conn, [r.key for r in page])
                     for record in page:
@@ -321,15 +374,31 @@ class ServerBroker:
                             await self._replay_one(conn, record)
                 self.spool.replayed(len(page))
                 done += len(page)
+            if contents.damage:
+                self._keep_damaged(segment, contents.damage)
+            else:
+                self.spool.remove(segment)
+            # only once the segment is gone: forgotten keys of a segment still there would
+            # let a crash here replay it again
             async with self.database.connection() as conn:
                 await spooled.forget(conn, self.spool.prefix(segment))
-            self.spool.remove(segment)
         if done:
             log.warning("replayed %d spooled writes", done)
             self.metrics.spool_replayed.inc(done)
         if self.spool.waiting <= 0:
             self._spool_drained.set()
         return done
+
+    def _keep_damaged(self, segment: Path, damage: list[Damage]) -> None:
+        """A segment with damage: its readable records are replayed; the damaged stretches
+        are set aside in ``rejected.jsonl``, logged and counted, and the segment is kept."""
+        assert self.spool is not None
+        kept = self.spool.keep_damaged(segment, damage)
+        self.metrics.spool_damaged.inc(len(damage))
+        for d in damage:
+            log.error("the failover spool's segment %s is damaged at byte %d (%d bytes: %s): the rest of it is "
+                      "replayed, the damage set aside in rejected.jsonl (%s) and the segment kept as %s",
+                      segment.name, d.offset, d.length, d.reason, d.key, kept.name)
 
     async def _replay_one(self, conn: Connection, record: Any) -> None:
         """One record in a savepoint: one the database refuses (its queue is gone, a
@@ -341,10 +410,15 @@ class ServerBroker:
         except errors.Unavailable:
             raise
         except errors.ConveyorError as exc:
-            assert self.spool is not None
-            self.spool.reject(record, exc.message)
-            self.metrics.spool_rejected.inc()
-            log.error("spooled write %s refused by the database (set aside): %s", record.key, exc.message)
+            self._reject_spooled(record, exc.message)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # framed whole, but not a write of ours
+            self._reject_spooled(record, f"malformed record ({type(exc).__name__}: {exc})")
+
+    def _reject_spooled(self, record: Any, reason: str) -> None:
+        assert self.spool is not None
+        self.spool.reject(record, reason)
+        self.metrics.spool_rejected.inc()
+        log.error("spooled write %s set aside: %s", record.key, reason)
 
     async def _replay_forever(self) -> None:
         while True:
@@ -470,19 +544,21 @@ class ServerBroker:
 
     # -- partitioned queues --------------------------------------------------------------
 
-    async def pq_push(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def pq_push(self, items: Sequence[dict[str, Any]], *, creatable: int) -> list[dict[str, Any]]:
         """Push items (any queues, any partitions): one answer each, in order (while the
-        database is down, taken by the failover spool: status ``buffered``)."""
+        database is down, taken by the failover spool: status ``buffered``). The queues
+        they name that do not exist are created first, at most ``creatable`` of them."""
         if await self._must_spool():
-            return await self._spool_push(items)
+            return await self._spool_push(items, creatable)
         try:
+            self._pq_created(await self._pq_create_missing(items, creatable))
             sealed = await self._pq_sealed(items)
             if "pq_push" in self.fusers:
                 return await self._fused("pq_push", None, sealed)
             return await self._pq_push_db(sealed)
         except errors.DatabaseUnreachable:  # never reached the database: safe to take it here
             if self._spooling():
-                return await self._spool_push(items)
+                return await self._spool_push(items, creatable)
             raise
 
     async def _pq_push_db(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -567,12 +643,19 @@ class ServerBroker:
     async def _pq_renew_fused(self, _key: None, requests: Sequence[Sequence[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
         return _split(await self._pq_renew_db([x for r in requests for x in r]), [len(r) for r in requests])
 
-    async def pq_transaction(self, operations: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """Acks and pushes in one transaction, never fused (all or nothing on its own)."""
+    async def pq_transaction(self, operations: Sequence[dict[str, Any]], *, required_leases: Sequence[str] = (),
+                             creatable: int) -> dict[str, Any]:
+        """Acks and pushes in one transaction, never fused (all or nothing on its own,
+        the queues its pushes create included)."""
+        pushed = [i for op in operations if op.get("type") == "push" for i in op["items"]]
         operations = [{**op, "items": await self._pq_sealed(op["items"])} if op.get("type") == "push" else op
                       for op in operations]
         async with self.database.connection() as conn:
-            return await partitioned.transaction(conn, operations)
+            async with conn.transaction():
+                created = await self._pq_create_missing(pushed, creatable, conn)
+                done = await partitioned.transaction(conn, operations, required_leases)
+            self._pq_created(created)
+            return done
 
     # -- topics ----------------------------------------------------------------------
 
@@ -644,7 +727,7 @@ class ServerBroker:
             return await messages.set_vt(conn, queue, [d.id for d in deliveries], vt, in_flight_only,
                                          [d.receive_count for d in deliveries])
 
-    # -- receipts ----------------------------------------------------------------------
+    # -- keys: receipts, unsubscribe links -----------------------------------------------
 
     @property
     def receipts(self) -> receipts.Keyring:
@@ -653,14 +736,22 @@ class ServerBroker:
             raise errors.Unavailable("the server has not loaded its receipt key yet")
         return self._receipts
 
-    async def _load_receipts(self) -> None:
+    @property
+    def unsubscribe_links(self) -> unsubscribe_links.Links:
+        """The database's unsubscribe-link key, loaded when the server started."""
+        if self._unsubscribe_links is None:
+            raise errors.Unavailable("the server has not loaded its unsubscribe key yet")
+        return self._unsubscribe_links
+
+    async def _load_keys(self) -> None:
         async with self.database.connection() as conn:
             self._receipts = await receipts.load(conn)
+            self._unsubscribe_links = await unsubscribe_links.load(conn)
 
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self._load_receipts()
+        await self._load_keys()
         if self.settings.spool_dir is not None:
             self.spool = Spool(self.settings.spool_dir, self.settings.spool_max_bytes)
             if self.spool.waiting:  # leftovers of a server that stopped before replaying them

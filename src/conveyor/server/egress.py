@@ -5,7 +5,13 @@ subscribe could make the server reach addresses only it can reach (a metadata se
 the database, an admin port on loopback). The allowlist is a comma-separated list of:
 
 * ``public`` — any globally routable address (not private, loopback, link-local,
-  shared/CGNAT, multicast, reserved or unspecified; IPv4-mapped IPv6 judged as IPv4);
+  shared/CGNAT, multicast, reserved or unspecified; IPv4-mapped IPv6 judged as IPv4).
+  An IPv6 address that carries an IPv4 address for a translator or tunnel to reach
+  (``_embedded``: NAT64 ``64:ff9b::/96``, 6to4 ``2002::/16``, Teredo ``2001::/32``,
+  IPv4-compatible ``::a.b.c.d``, SIIT ``::ffff:0:a.b.c.d``) is public only if what it
+  carries is too; NAT64's local-use ``64:ff9b:1::/48`` (not globally reachable, and where
+  the IPv4 address sits in it depends on the operator's prefix length) and the deprecated
+  site-local ``fec0::/10`` never are;
 * an IP address or CIDR range (``10.1.0.0/16``, ``127.0.0.1``, ``fd00::/8``);
 * a host name (``hooks.internal.example``) or every name under a domain
   (``*.internal.example``) — a listed name is allowed whatever it resolves to: the
@@ -90,7 +96,9 @@ class Allowlist:
     def check_address(self, address: Address, host: str) -> None:
         if not self.allows_address(address):
             via = "" if literal(host) is not None else f" (resolved from {host})"
-            raise Denied(f"destination {address}{via} is not allowed by CONVEYOR_WEBHOOK_ALLOW "
+            carried = _embedded(address) if isinstance(address, ipaddress.IPv6Address) else []
+            leads = f" (which leads to {', '.join(map(str, carried))})" if carried else ""
+            raise Denied(f"destination {address}{via}{leads} is not allowed by CONVEYOR_WEBHOOK_ALLOW "
                          f"({','.join(self.entries) or NONE})")
 
 
@@ -100,9 +108,34 @@ def _unmapped(address: Address) -> Address:
     return address
 
 
+# IPv6 ranges whose last 32 bits are an IPv4 address a translator reaches: NAT64's well-known
+# prefix (RFC 6052), IPv4-compatible addresses (deprecated, RFC 4291) and SIIT's
+# IPv4-translated ones (RFC 2765).
+_LAST_32_BITS = tuple(ipaddress.IPv6Network(n) for n in ("64:ff9b::/96", "::/96", "::ffff:0:0:0/96"))
+# Never public: NAT64 for local use (RFC 8215: not globally reachable; the IPv4 address sits
+# at a place that depends on the prefix length the operator chose) and site-local (RFC 3879).
+_NEVER_PUBLIC = tuple(ipaddress.IPv6Network(n) for n in ("64:ff9b:1::/48", "fec0::/10"))
+
+
+def _embedded(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address leads to through a translator or tunnel."""
+    if any(address in n for n in _LAST_32_BITS) and int(address) > 1:  # :: and ::1 are themselves
+        return [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)]
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        return list(address.teredo)  # the Teredo server, and the client (de-obfuscated)
+    return []
+
+
 def is_public(address: Address) -> bool:
-    """A globally routable unicast address."""
+    """A globally routable unicast address, and so is every IPv4 address it carries."""
     address = _unmapped(address)
+    if isinstance(address, ipaddress.IPv6Address):
+        if any(address in n for n in _NEVER_PUBLIC):
+            return False
+        if not all(is_public(v4) for v4 in _embedded(address)):
+            return False
     return address.is_global and not address.is_multicast
 
 

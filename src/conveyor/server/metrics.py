@@ -92,6 +92,8 @@ class Metrics:
                                       ["stream", "consumer"], **same)
         self.group_lag = Gauge("pqueue_group_lag_messages", "Messages a consumer group of a partitioned queue "
                                "has still to consume", ["queue", "group"], **same)
+        self.pqueues_created = Counter("pqueue_queues_created_on_push_total", "Partitioned queues created by a "
+                                       "push that named them (Queen's create-on-push)", registry=r)
         self.group_partitions_behind = Gauge("pqueue_group_partitions_behind", "Partitions with messages a "
                                              "consumer group has not consumed", ["queue", "group"], **same)
         # topics: publishes and webhook deliveries (server/webhooks.py)
@@ -123,6 +125,11 @@ class Metrics:
         self.admission_refused = Counter("conveyor_admission_refused_total", "Requests refused by admission "
                                          "control (answered with the protocol's throttling error)", ["stage"],
                                          registry=r)
+        self.connections_closed = Counter("conveyor_connections_closed_total", "Connections the server closed "
+                                          "(server/connections.py): idle (no request within "
+                                          "CONVEYOR_HTTP_IDLE_TIMEOUT), headers (unfinished after "
+                                          "CONVEYOR_HTTP_HEADER_TIMEOUT), pushed_out or refused (beyond "
+                                          "CONVEYOR_MAX_CONNECTIONS)", ["reason"], registry=r)
         self.request_timeouts = Counter("conveyor_request_timeouts_total", "Requests cancelled and answered 408 "
                                         "after CONVEYOR_REQUEST_TIMEOUT (server/deadline.py)", registry=r)
         # the failover spool (server/spool.py)
@@ -132,6 +139,9 @@ class Metrics:
                                       registry=r)
         self.spool_rejected = Counter("conveyor_spool_rejected_total", "Spool records the database refused at "
                                       "replay (set aside in the slot's rejected.jsonl)", registry=r)
+        self.spool_damaged = Counter("conveyor_spool_damaged_total", "Damaged stretches of spool segments "
+                                     "(unreadable records) found at replay: set aside in the slot's rejected.jsonl, "
+                                     "the segment kept as .damaged", registry=r)
         # background workers (server/supervisor.py)
         self.worker_up = Gauge("conveyor_worker_up", "1 while the background worker runs, 0 while it waits "
                                "to be started again after a failure (with several processes: the lowest)",

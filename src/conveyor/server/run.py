@@ -28,7 +28,8 @@ from types import FrameType
 import uvicorn
 from prometheus_client import multiprocess
 
-from conveyor.server.app import create_app
+from conveyor.server import connections
+from conveyor.server.app import App, create_app
 from conveyor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,21 +51,30 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def _config(app: object, settings: Settings) -> uvicorn.Config:
+def _config(app: App, settings: Settings) -> uvicorn.Config:
+    metrics = app.state.metrics
     return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        # httptools, with deadlines for idle connections and unfinished headers and a bound
+        # on connections per process (server/connections.py); made here, so each forked
+        # worker has its own table
+        http=connections.protocol(settings.max_connections, settings.http_header_timeout,
+                                  lambda reason: metrics.series(metrics.connections_closed, reason).inc()),
+        timeout_keep_alive=settings.http_idle_timeout,  # typed int, used as a delay: a float works
+        # no WebSocket route exists: an Upgrade request is served as the HTTP request it is
+        # (a connection handed to a WebSocket protocol would leave the bound above)
+        ws="none",
         lifespan="on",
         access_log=False,
         log_config=None,  # uvicorn's records go through conveyor.logs' handler, text or JSON
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
-        # a backstop behind the app's own admission control (which answers in each
-        # protocol's terms): connections and tasks beyond it get uvicorn's plain 503
-        limit_concurrency=max(4 * settings.max_requests, 16384),
+        # no limit_concurrency: it counts connections, so connections that never finish a
+        # request made it answer 503 to everyone, health probes included; connections are
+        # bounded above, requests by the app's admission control (in each protocol's terms)
         server_header=False,
     )
 
@@ -73,7 +83,7 @@ def _sockets(settings: Settings) -> list[socket.socket]:
     """The listening sockets: the server's port, and Queen's (``queen_port``) and hq's
     (``hq_port``) if asked for: the same app answers on each (on hq's, hq's API is at the
     root: the app tells the ports apart)."""
-    config = _config(None, settings)
+    config = uvicorn.Config(None, host=settings.host, port=settings.port, log_config=None)
     sockets = [config.bind_socket()]
     for extra in (settings.queen_port, settings.hq_port):
         if extra is not None:

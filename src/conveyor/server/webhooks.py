@@ -14,8 +14,10 @@ releases the database connection, POSTs them concurrently, then records the outc
   with the reason (``delivery_hold``).
 
 The row carries the exact body (raw message or signed envelope, chosen at publish time)
-and SNS's headers; the worker adds ``Content-Type: text/plain; charset=UTF-8`` as SNS does.
-Connections go only to addresses the allowlist checked (see ``egress``).
+and SNS's headers; the worker adds ``Content-Type: text/plain; charset=UTF-8`` as SNS does,
+and completes an envelope's ``UnsubscribeURL`` with the subscription's token
+(``core.unsubscribe_links``: only the endpoint ever sees it). Connections go only to
+addresses the allowlist checked (see ``egress``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import math
 import socket
 import ssl
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +38,7 @@ import aiohttp.abc
 import yarl
 
 from conveyor import errors, tracing, types
-from conveyor.core import topics
+from conveyor.core import topics, unsubscribe_links
 from conveyor.db.pool import Database
 from conveyor.server import egress
 from conveyor.server.metrics import Metrics
@@ -103,7 +106,21 @@ def request_headers(delivery: types.Delivery) -> dict[str, str]:
     return headers
 
 
-async def attempt(http: aiohttp.ClientSession, config: Config, delivery: types.Delivery) -> Outcome:
+def body(delivery: types.Delivery, links: unsubscribe_links.Links) -> str:
+    """What to POST: the stored body, an envelope's UnsubscribeURL with its token added."""
+    headers = delivery.headers or {}
+    if headers.get("x-amz-sns-rawdelivery") == "true":
+        return delivery.payload  # the publisher's own text: no envelope, no link
+    _, _, key = str(headers.get("x-amz-sns-subscription-arn", "")).rpartition(":")
+    try:
+        subscription = uuid.UUID(key)
+    except ValueError:
+        return delivery.payload
+    return links.stamp(delivery.payload, subscription)
+
+
+async def attempt(http: aiohttp.ClientSession, config: Config, delivery: types.Delivery,
+                  links: unsubscribe_links.Links) -> Outcome:
     """POST one delivery; never raises."""
     started = time.perf_counter()
     try:
@@ -111,7 +128,7 @@ async def attempt(http: aiohttp.ClientSession, config: Config, delivery: types.D
         if url.scheme not in ("http", "https") or not url.host:
             return Outcome(False, f"not an http(s) URL: {delivery.endpoint}")
         egress.check_literal(config.allowlist, url.host)
-        async with http.post(url, data=delivery.payload.encode("utf-8"), headers=request_headers(delivery),
+        async with http.post(url, data=body(delivery, links).encode("utf-8"), headers=request_headers(delivery),
                              allow_redirects=False) as response:
             text = (await response.content.read(MAX_ERROR_BODY * 4)).decode("utf-8", "replace")
             elapsed = time.perf_counter() - started
@@ -156,14 +173,17 @@ async def record(database: Database, metrics: Metrics, claimed: list[types.Deliv
             metrics.record_delivery_attempt(outcome.ok, outcome.seconds)
 
 
-async def step(database: Database, metrics: Metrics, http: aiohttp.ClientSession, config: Config) -> int:
-    """One round: claim, deliver, record. Returns how many deliveries were claimed."""
+async def step(database: Database, metrics: Metrics, http: aiohttp.ClientSession, config: Config,
+               links: unsubscribe_links.Links | None = None) -> int:
+    """One round: claim, deliver, record. Returns how many deliveries were claimed.
+    ``links``: the database's unsubscribe key, loaded now if not given (``run`` loads it once)."""
     async with database.connection() as conn:
         claimed = await topics.delivery_claim(conn, config.batch, config.lease_seconds)
-    if not claimed:
-        return 0
+        if not claimed:
+            return 0
+        links = links or await unsubscribe_links.load(conn)
     with tracing.job_span("webhooks.deliver"):
-        outcomes = await asyncio.gather(*(attempt(http, config, d) for d in claimed))
+        outcomes = await asyncio.gather(*(attempt(http, config, d, links) for d in claimed))
         await record(database, metrics, claimed, list(outcomes))
     return len(claimed)
 
@@ -178,11 +198,15 @@ async def run(database: Database, metrics: Metrics, config: Config) -> None:
     by a pause of ``config.poll`` seconds. Failures are logged, not fatal."""
     loop = asyncio.get_running_loop()
     next_stats = loop.time()
+    links: unsubscribe_links.Links | None = None
     async with session(config) as http:
         while True:
             claimed = 0
             try:
-                claimed = await step(database, metrics, http, config)
+                if links is None:
+                    async with database.connection() as conn:
+                        links = await unsubscribe_links.load(conn)
+                claimed = await step(database, metrics, http, config, links)
                 if loop.time() >= next_stats:
                     await _stats(database, metrics)
                     next_stats = loop.time() + STATS_INTERVAL

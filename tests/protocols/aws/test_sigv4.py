@@ -50,7 +50,8 @@ class Wire:
     signed_at: datetime
 
     def verify(self, secrets=SECRETS, **kwargs) -> Identity:
-        return verify(self.method, self.path, self.query, self.headers, self.body, secrets, **kwargs)
+        return verify(self.method, self.path, self.query, self.headers, self.body, secrets,
+                      **{"service": SERVICE, **kwargs})
 
     def header(self, name: str) -> str:
         return next(v for k, v in self.headers if k == name)
@@ -231,7 +232,7 @@ def test_real_boto3_client_requests():
         headers = [("host", url.netloc)] + [(k.lower(), v if isinstance(v, str) else v.decode())
                                             for k, v in request.headers.items()]
         body = request.body or b""
-        assert verify(request.method, url.path, url.query, headers, body, SECRETS) == IDENTITY
+        assert verify(request.method, url.path, url.query, headers, body, SECRETS, service=SERVICE) == IDENTITY
 
 
 # --- presigned URLs ---------------------------------------------------------------------------
@@ -274,17 +275,17 @@ def test_presigned_url_missing_and_bad_parameters():
     wire = presigned(params={"Action": "ListQueues"})
     without_sig = "&".join(p for p in wire.query.split("&") if not p.startswith("X-Amz-Signature="))
     with pytest.raises(SignatureError) as caught:
-        verify("GET", "/", without_sig, wire.headers, b"", SECRETS)
+        verify("GET", "/", without_sig, wire.headers, b"", SECRETS, service=SERVICE)
     assert caught.value.code == "IncompleteSignature" and caught.value.status == 400
     assert "must include 'X-Amz-Signature'" in caught.value.message
     for bad in ("X-Amz-Expires=0", "X-Amz-Expires=604801", "X-Amz-Expires=soon"):
         query = "&".join(bad if p.startswith("X-Amz-Expires=") else p for p in wire.query.split("&"))
         with pytest.raises(SignatureError) as caught:
-            verify("GET", "/", query, wire.headers, b"", SECRETS)
+            verify("GET", "/", query, wire.headers, b"", SECRETS, service=SERVICE)
         assert caught.value.code == "IncompleteSignature"
     query = wire.query.replace("X-Amz-Algorithm=AWS4-HMAC-SHA256", "X-Amz-Algorithm=AWS4-ECDSA-P256-SHA256")
     with pytest.raises(SignatureError) as caught:
-        verify("GET", "/", query, wire.headers, b"", SECRETS)
+        verify("GET", "/", query, wire.headers, b"", SECRETS, service=SERVICE)
     assert caught.value.code == "IncompleteSignature"
 
 
@@ -416,6 +417,15 @@ def test_credential_scope_date_mismatch():
         f"'{wire.signed_at:%Y%m%d}' != '{day_before:%Y%m%d}'")
 
 
+def test_credential_scope_must_name_the_service_called():
+    """A valid SQS signature is no SNS signature (and the other way round), header or presigned."""
+    for wire in (query_post(), presigned(params={"Action": "ListQueues"})):
+        assert wire.verify(service="sqs") == IDENTITY
+        error = rejected(wire, service="sns")
+        assert (error.code, error.status) == ("SignatureDoesNotMatch", 403)
+        assert error.message == "Credential should be scoped to correct service: 'sns'. "
+
+
 def test_host_must_be_signed():
     request = AWSRequest(method="POST", url=ENDPOINT + "/", data=b"{}")
     SigV4Auth(Credentials(KEY, SECRET), SERVICE, REGION).add_auth(request)
@@ -483,7 +493,7 @@ def test_any_request_gets_an_identity_or_a_signature_error(authorization, amz_da
         if value is not None:
             headers.append((name, value))
     try:
-        verify("POST", path, query, headers, b"Action=ListQueues", SECRETS, now=datetime(2026, 1, 1, tzinfo=UTC))
+        verify("POST", path, query, headers, b"Action=ListQueues", SECRETS, service=SERVICE, now=datetime(2026, 1, 1, tzinfo=UTC))
     except SignatureError as exc:
         assert exc.code and exc.message
     parse_scope(authorization)

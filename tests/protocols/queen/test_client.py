@@ -73,6 +73,56 @@ async def test_an_expired_lease_moves_on_and_fences_the_late_ack(client):
     assert (await client.ack(second, True))["success"] is True
 
 
+async def test_an_ack_without_a_lease_cannot_settle_what_another_consumer_holds(client, server):
+    """Issue 25, item 2: A's lease runs out, B pops the message, A acks it without a
+    leaseId. Through Queen's client (a message without its leaseId), single, batch and in
+    a transaction, and through raw HTTP: refused while B holds it, and B's ack succeeds."""
+    queue = _name("fenced")
+    await client.queue(queue).config({"lease_time": 1}).create()
+    await client.queue(queue).push([{"data": "job", "transactionId": "j1"}])
+    [first] = await client.queue(queue).pop()
+    await asyncio.sleep(1.3)
+    [second] = await client.queue(queue).pop()
+    stale = {k: v for k, v in first.items() if k != "leaseId"}
+    single = await client.ack(stale, True)
+    assert single["success"] is False and "lease" in single["error"].lower()
+    batch = await client.ack([stale], True)
+    assert [r["success"] for r in batch["results"]] == [False]
+    for message in (stale, first):  # no lease at all, or its own lease (sent as requiredLeases), ran out
+        with pytest.raises(Exception, match="lease"):
+            await client.transaction().ack(message).queue(_name("out")).push([{"data": 1}]).commit()
+    auth = {"Authorization": "Bearer x"}
+    key = {"transactionId": "j1", "partitionId": first["partitionId"]}
+    async with httpx.AsyncClient(base_url=server.url, headers=auth) as raw:
+        [one] = (await raw.post("/api/v1/ack", json={**key, "status": "completed"})).json()
+        assert one["success"] is False
+        [many] = (await raw.post("/api/v1/ack/batch", json={"acknowledgments": [key]})).json()
+        assert many["success"] is False
+        tx = (await raw.post("/api/v1/transaction", json={"operations": [{"type": "ack", **key}]})).json()
+        assert tx["success"] is False and "lease" in tx["error"]
+        r = await raw.post("/api/v1/transaction", json={"operations": [{"type": "ack", **key}], "requiredLeases": 7})
+        assert r.status_code == 400 and "requiredLeases" in r.json()["error"]
+    assert (await client.renew(second))["success"] is True  # B's lease was not touched
+    done = await client.transaction().ack(second).queue(_name("out")).push([{"data": 1}]).commit()
+    assert done["success"] is True
+    assert await client.queue(queue).wait(False).pop() == []
+
+
+async def test_an_ack_without_a_lease_settles_a_message_nobody_holds(client):
+    """With no live lease on the partition, Queen's server takes an ack without a
+    leaseId, and so does Conveyor."""
+    queue = _name("loose")
+    await client.queue(queue).config({"lease_time": 1}).create()
+    await client.queue(queue).push([{"data": "job"}])
+    [msg] = await client.queue(queue).pop()
+    await asyncio.sleep(1.3)
+    late = await client.ack({k: v for k, v in msg.items() if k != "leaseId"}, True)
+    assert late["success"] is True
+    assert await client.queue(queue).wait(False).pop() == []
+    again = await client.ack({k: v for k, v in msg.items() if k != "leaseId"}, True)
+    assert again["success"] is False and again["error"] == "Message already acknowledged"
+
+
 async def test_renew_keeps_a_lease(client):
     queue = _name("long")
     await client.queue(queue).config({"lease_time": 1}).create()

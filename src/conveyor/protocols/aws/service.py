@@ -95,11 +95,15 @@ class Caller:
 ANONYMOUS = Caller(auth.Identity("read"))  # SNS unsubscribe links; its handler checks the rest
 
 
-def authenticate(endpoint: Endpoint, request: Request, body: bytes, error: type[AwsError]) -> Caller:
+def authenticate(endpoint: Endpoint, request: Request, body: bytes, error: type[AwsError],
+                 signing_name: str) -> Caller:
     """The caller of an AWS request by the server's policy, or ``error`` as AWS would
     answer it: with AWS credentials configured, a SigV4 signature valid for one of them
-    (header or presigned URL); in token mode, that or a configured bearer token; in header
-    mode some authentication must be present; in mode none, anyone may call."""
+    (header or presigned URL) and scoped to the service called (``signing_name``: sqs,
+    sns); in token mode, that or a configured bearer token; in header mode some
+    authentication must be present; in mode none, anyone may call. Only a verified
+    signature makes its access key the caller's principal: an unverified scope names
+    the region and nobody."""
     policy = endpoint.policy
     authorization = request.headers.get("authorization")
     query = query_string(request)
@@ -112,7 +116,8 @@ def authenticate(endpoint: Endpoint, request: Request, body: bytes, error: type[
     if policy.verifies_signatures:
         try:
             verified = sigv4.verify(request.method, request.scope.get("raw_path", b"/").decode("latin-1"),
-                                    query, [(k, v) for k, v in request.headers.items()], body, policy.aws_secrets)
+                                    query, [(k, v) for k, v in request.headers.items()], body, policy.aws_secrets,
+                                    service=signing_name)
         except sigv4.SignatureError as exc:
             raise error(exc.code if exc.code in error.KINDS else "AccessDenied", exc.message) from None
         return Caller(auth.Identity(policy.aws_role(verified.access_key), verified.access_key), scope)

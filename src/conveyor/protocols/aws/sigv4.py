@@ -58,7 +58,11 @@ Error codes, statuses and wording — what AWS's Query-protocol services (SQS, S
   date from HTTP" (IAM troubleshooting page above) as ``SignatureDoesNotMatch`` 403, the code
   AWS gives its sibling "Credential should be scoped to a valid region"
   (github.com/cognitect-labs/aws-api/issues/27). The bad-terminator wording follows them; no
-  source quoting it was found.
+  source quoting it was found. A scope naming another service than the one called: SQS's
+  ``SignatureDoesNotMatch`` 403 "Credential should be scoped to correct service: 'sqs'. " (an
+  SQS ErrorResponse quoted in a public C# SQS client; the same words, for Batch, in
+  github.com/cllunsford/aws-signing-proxy/issues/25). A signature is valid for one service
+  only, as on AWS: a key's SNS signature is not an SQS one.
 """
 
 from __future__ import annotations
@@ -206,6 +210,7 @@ def verify(
     body: bytes,
     secrets: Mapping[str, str],
     *,
+    service: str,
     now: datetime | None = None,
     max_skew: timedelta = timedelta(minutes=15),
 ) -> Identity:
@@ -213,8 +218,10 @@ def verify(
 
     ``path`` is the raw path as sent (ASGI ``raw_path``, decoded as latin-1), ``query_string``
     the raw query string, ``headers`` (name, value) pairs in arrival order, names in any case.
-    ``secrets`` maps access key ids to secret keys. Checks run cheapest and least secret
-    first: the request's shape, its dates, then the key, the body hash and the signature.
+    ``secrets`` maps access key ids to secret keys; ``service`` is the signing name of the
+    service called (``sqs``, ``sns``), which the credential scope must name. Checks run
+    cheapest and least secret first: the request's shape, its scope and dates, then the
+    key, the body hash and the signature.
     """
     header_map = _header_map(headers)
     authorization = _first(header_map, "authorization")
@@ -224,6 +231,7 @@ def verify(
     else:
         claim = _claim_from_query(query_string)
     _check_host_signed(claim)
+    _check_scope_service(claim, service)
     _check_scope_date(claim)
     _check_time(claim, _utc(now), max_skew)
 
@@ -343,6 +351,14 @@ def _check_host_signed(claim: _Claim) -> None:
     if "host" not in claim.signed_headers.lower().split(";"):
         raise _incomplete("'Host' or ':authority' must be a 'SignedHeader' in the AWS "
                           "Authorization.")
+
+
+def _check_scope_service(claim: _Claim, service: str) -> None:
+    """A signature is for the service its scope names: the signing key is derived from it, so
+    the key of one service must not open another (AWS checks it against the host's)."""
+    if claim.scope.service != service:
+        raise SignatureError("SignatureDoesNotMatch",
+                             f"Credential should be scoped to correct service: '{service}'. ", 403)
 
 
 def _check_scope_date(claim: _Claim) -> None:

@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl
 import orjson
 from starlette.responses import Response
 
+from conveyor import json_input
 from conveyor.protocols.aws import shapes
 
 JSON_CONTENT_TYPE = "application/x-amz-json-1.0"
@@ -100,7 +101,9 @@ def parse_json(service: Service, target: str, body: bytes, request_id: str) -> C
     if prefix != service.target_prefix or action not in service.inputs:
         raise WireError("InvalidAction", f"The action {action or target} is not valid for this endpoint.", "json")
     try:
-        data = orjson.loads(body) if body.strip() else {}
+        data = json_input.loads(body) if body.strip() else {}
+    except json_input.TooDeep as exc:
+        raise WireError("SerializationException", f"The request body is {exc.msg}.", "json") from None
     except orjson.JSONDecodeError:
         raise WireError("SerializationException", "The request body is not valid JSON.", "json") from None
     try:

@@ -15,14 +15,13 @@ the id alone cannot tell.
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from conveyor import errors, types
+from conveyor import errors, json_input, types
 from conveyor.core import hq
 from conveyor.protocols.hq import request as req
 
@@ -31,19 +30,18 @@ RECEIPT_HEADER = "X-Conveyor-Receipt"
 
 def _check_json(body: bytes) -> str:
     """The body as text, if it is one JSON value (hq stores what it was sent, once it
-    parses)."""
+    parses) nested no deeper than hq's parser takes (``json_input.MAX_DEPTH``)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise req.HqError(400, f"Request body didn't contain valid UTF-8: {exc.reason}") from None
-    try:
-        orjson.loads(body)
+    try:  # integers past 64 bits too, as serde_json takes them
+        json_input.loads(body, big_integers=True)
+    except json_input.TooDeep as exc:
+        raise req.HqError(400, f"Failed to parse the request body as JSON: {exc.msg}") from None
     except orjson.JSONDecodeError as exc:
-        try:  # what orjson refuses but serde_json takes (integers past 64 bits)
-            json.loads(text)
-        except ValueError:
-            raise req.HqError(400, f"Failed to parse the request body as JSON: {exc.msg} at line {exc.lineno} "
-                                   f"column {exc.colno}") from None
+        raise req.HqError(400, f"Failed to parse the request body as JSON: {exc.msg} at line {exc.lineno} "
+                               f"column {exc.colno}") from None
     return text
 
 
@@ -56,14 +54,12 @@ async def enqueue(request: Request) -> Response:
 
 def _args(body: str) -> bytes:
     """The body as hq answers ``args``: re-serialised compactly, object keys sorted (its
-    serde_json Value); a body that is not JSON (sent through another API) as a string."""
+    serde_json Value); a body hq could not have taken (sent through another API: not
+    JSON, nested deeper than hq reads, integers orjson cannot write) as a string."""
     try:
-        return orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
-    except orjson.JSONDecodeError:
-        try:
-            return orjson.dumps(json.loads(body), option=orjson.OPT_SORT_KEYS)
-        except (ValueError, TypeError):
-            return orjson.dumps(body)
+        return orjson.dumps(json_input.loads(body, big_integers=True), option=orjson.OPT_SORT_KEYS)
+    except (ValueError, TypeError):  # orjson.JSONDecodeError and TooDeep; orjson.JSONEncodeError
+        return orjson.dumps(body)
 
 
 def _message(m: types.Message, queue: str) -> bytes:

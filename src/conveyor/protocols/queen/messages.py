@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -9,11 +12,46 @@ from starlette.responses import Response
 
 from conveyor import errors
 from conveyor.core import partitioned
+from conveyor.protocols import auth
 from conveyor.protocols.queen import request as req
 
 MAX_ITEMS = 10000
 MAX_POLL_SECONDS = 30.0  # Queen's default long-poll timeout; its clients ask for it
 AUTOPILOT_BATCH = 100  # what a pop gets when the client lets the broker size it
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateOnPush:
+    """Whose pushes may create the queues they name, and how many one push may create
+    (CONVEYOR_QUEEN_CREATE_ON_PUSH: any caller that may push, admin only, or off; and
+    CONVEYOR_QUEEN_CREATE_PER_PUSH). The bound on all queues is the broker's."""
+
+    mode: str = "any"
+    per_push: int = 10
+
+    def creatable(self, identity: auth.Identity) -> int:
+        if self.mode == "off" or (self.mode == "admin" and not identity.may("admin")):
+            return 0
+        return self.per_push
+
+    def refusal(self, exc: errors.QueueLimitReached, identity: auth.Identity) -> errors.QueueLimitReached:
+        """The refusal, saying why when this caller may create none at all."""
+        if self.creatable(identity) > 0:
+            return exc
+        why = ("pushes create no queues on this server" if self.mode == "off"
+               else "on this server only the admin role's pushes create queues")
+        return errors.QueueLimitReached(f"{exc.message} ({why}; an admin creates it with POST /api/v1/configure)")
+
+
+@contextlib.contextmanager
+def _creating(request: Request) -> Iterator[int]:
+    """How many queues this caller's push may create; a refusal said in full."""
+    policy: CreateOnPush = request.app.state.create_on_push
+    identity = req.identity(request)
+    try:
+        yield policy.creatable(identity)
+    except errors.QueueLimitReached as exc:
+        raise policy.refusal(exc, identity) from None
 
 
 def _stamped(request: Request, items: Any) -> list[dict[str, Any]]:
@@ -42,7 +80,9 @@ def _stamped(request: Request, items: Any) -> list[dict[str, Any]]:
 
 async def push(request: Request) -> Response:
     data = await req.body_object(request)
-    answers = await req.broker(request).pq_push(_stamped(request, data.get("items")))
+    items = _stamped(request, data.get("items"))
+    with _creating(request) as creatable:
+        answers = await req.broker(request).pq_push(items, creatable=creatable)
     return req.json(answers, 201)
 
 
@@ -163,8 +203,12 @@ async def transaction(request: Request) -> Response:
             ops.append({"type": "ack", **_ack_item(op, None)})
         else:
             raise errors.InvalidInput(f"Unknown operation type: {str(op.get('type'))[:40]}")
+    leases = data.get("requiredLeases")
+    if leases is not None and (not isinstance(leases, list) or not all(isinstance(x, str) for x in leases)):
+        raise errors.InvalidInput("requiredLeases must be an array of lease ids")
     try:
-        done = await req.broker(request).pq_transaction(ops)
+        with _creating(request) as creatable:
+            done = await req.broker(request).pq_transaction(ops, required_leases=leases or (), creatable=creatable)
     except (errors.LeaseNotHeld, errors.PartitionMessageNotFound) as exc:
         # all or nothing: nothing was kept; Queen answers the failure in the body
         return req.json({"success": False, "error": exc.message, "results": []})

@@ -11,7 +11,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from conveyor import errors
+from conveyor import errors, json_input
 from conveyor.protocols import auth
 from conveyor.protocols.broker import Broker
 from conveyor.protocols.rest import render
@@ -49,7 +49,9 @@ async def body(request: Request, *, required: bool = True) -> Any:
             raise errors.InvalidInput("a JSON body is required")
         return {}
     try:
-        return orjson.loads(raw)
+        return json_input.loads(raw)
+    except json_input.TooDeep as exc:
+        raise errors.InvalidInput(f"the body is {exc.msg}") from None
     except orjson.JSONDecodeError as exc:
         raise errors.InvalidInput(f"the body is not valid JSON ({exc.msg})") from None
 

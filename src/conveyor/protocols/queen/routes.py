@@ -106,9 +106,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
                     media_type="application/json")
 
 
-def app(broker: object) -> Starlette:
+def app(broker: object, create_on_push: messages.CreateOnPush | None = None) -> Starlette:
     """The /api/v1 sub-application."""
     sub = Starlette(routes=[Route(e.path, _guarded(e), methods=[e.method]) for e in ENDPOINTS],
                     exception_handlers={HTTPException: _http_error})
     sub.state.broker = broker
+    sub.state.create_on_push = create_on_push or messages.CreateOnPush()
     return sub

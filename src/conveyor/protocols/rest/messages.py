@@ -30,10 +30,7 @@ def _sender(request: Request) -> str | None:
 
 async def send(request: Request) -> Response:
     raw = await request.body()
-    try:
-        data = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as exc:
-        raise errors.InvalidInput(f"invalid request: the body is not valid JSON ({exc.msg})") from None
+    data = req.parse(raw) if raw else None
     if not isinstance(data, (dict, list)):
         raise errors.InvalidInput("invalid request: the body must be a message object or an array of message objects")
     b = broker(request)

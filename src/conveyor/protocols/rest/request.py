@@ -9,7 +9,7 @@ import orjson
 import pydantic
 from starlette.requests import Request
 
-from conveyor import errors
+from conveyor import errors, json_input
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -29,15 +29,22 @@ def validate(model: type[M], data: Any) -> M:
         raise errors.InvalidInput(f"invalid request: {_describe(exc)}") from None
 
 
+def parse(raw: bytes) -> Any:
+    """A request body as JSON (``conveyor.json_input``: nested at most its ``MAX_DEPTH``
+    deep), or ``InvalidInput``."""
+    try:
+        return json_input.loads(raw)
+    except json_input.TooDeep as exc:
+        raise errors.InvalidInput(f"invalid request: the body is {exc.msg}") from None
+    except orjson.JSONDecodeError as exc:
+        raise errors.InvalidInput(f"invalid request: the body is not valid JSON ({exc.msg})") from None
+
+
 async def body(request: Request, model: type[M]) -> M:
     raw = await request.body()
     if not raw:
         raise errors.InvalidInput("invalid request: a JSON body is required")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise errors.InvalidInput(f"invalid request: the body is not valid JSON ({exc.msg})") from None
-    return validate(model, data)
+    return validate(model, parse(raw))
 
 
 def query(request: Request, model: type[M]) -> M:

@@ -187,10 +187,7 @@ def _event_in(e: models.EventIn) -> types.StreamEventIn:
 async def append_events(request: Request) -> Response:
     name = _stream_name(request)
     raw = await request.body()
-    try:
-        data = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as exc:
-        raise errors.InvalidInput(f"invalid request: the body is not valid JSON ({exc.msg})") from None
+    data = req.parse(raw) if raw else None
     if not isinstance(data, (dict, list)):
         raise errors.InvalidInput("invalid request: the body must be an event object or an array of event objects")
     single = isinstance(data, dict)

@@ -2,11 +2,13 @@
 in the same protocol. Handlers take typed parameters and return typed results; every error
 leaves through one place, rendered as AWS renders SNS errors.
 
-Unsubscribe by ``GET /?Action=Unsubscribe&SubscriptionArn=...`` — the ``UnsubscribeURL`` of
-every envelope — needs no credentials, as on AWS: the subscription's random id in the ARN
-is the capability. Only such a bare link qualifies (a GET with no body, no target header
-and no credentials, whose query string's action is Unsubscribe); anything else is
-authenticated as every other request.
+An unsubscribe link, ``GET /?Action=Unsubscribe&SubscriptionArn=...&Token=...`` — the
+``UnsubscribeURL`` of a notification delivered to an HTTP(S) endpoint — needs no
+credentials, as on AWS; its capability is the token (``core.unsubscribe_links``), not the
+ARN, which readers list. Only a bare link qualifies (a GET with no body, no target header
+and no credentials, whose query string's action is Unsubscribe), and only where the server
+does not serve anyone anyway (mode none without AWS keys, where it is an ordinary call);
+anything else is authenticated as every other request.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor import errors
+from conveyor.core import unsubscribe_links
 from conveyor.protocols.aws import service, sigv4, wire
 from conveyor.protocols.sns import (
     permission_actions,
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = wire.Service(target_prefix="AmazonSNS", json_type_prefix="com.amazonaws.sns#", namespace=NAMESPACE,
                        inputs=INPUT, outputs=OUTPUT, query_compatible=True)
+SIGNING_NAME = "sns"  # the service a SigV4 credential scope must name
 
 Handler = Callable[[Context, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
@@ -71,10 +75,11 @@ ROLES = {action: "read" if action in _READ else "write" if action in _WRITE else
 _SHAPE_MESSAGE = re.compile(r"^Value for parameter (.+) is invalid\. Reason: (.+)\.$")
 
 
-def _is_unsubscribe_link(request: Request, body: bytes) -> bool:
+def _is_unsubscribe_link(endpoint: service.Endpoint, request: Request, body: bytes) -> bool:
     """A bare unsubscribe link: nothing but the query string can name the action."""
     headers = request.headers
-    return (request.method == "GET" and not body and "x-amz-target" not in headers
+    return (request.method == "GET" and not body and not endpoint.policy.admits_anyone
+            and "x-amz-target" not in headers
             and "authorization" not in headers and not wire.is_json(headers)
             and sigv4.parse_query_scope(service.query_string(request)) is None
             and request.query_params.get("Action") == "Unsubscribe")
@@ -100,19 +105,31 @@ def _wire_failure(exc: wire.WireError) -> SnsError:
     return SnsError(exc.kind, exc.message)
 
 
+async def _answer(endpoint: service.Endpoint, request: Request, body: bytes, request_id: str) -> Response:
+    if _is_unsubscribe_link(endpoint, request, body):
+        return await _unsubscribe_link(endpoint, request, body, request_id)
+    caller = service.authenticate(endpoint, request, body, SnsError, SIGNING_NAME)
+    call = service.read(SERVICE, request, body, request_id)
+    service.authorize(caller, ROLES[call.action], call.action, SnsError)
+    return wire.result(call, await HANDLERS[call.action](_context(endpoint, request, caller, call), call.params))
+
+
+async def _unsubscribe_link(endpoint: service.Endpoint, request: Request, body: bytes, request_id: str) -> Response:
+    """A bare link, without credentials: its token is all it has (subscription_actions)."""
+    call = service.read(SERVICE, request, body, request_id)
+    if call.action != "Unsubscribe":  # cannot happen (the link's only field is its query)
+        raise SnsError("AuthorizationErrorException", "Only Unsubscribe may be called without credentials.")
+    token = request.query_params.get(unsubscribe_links.PARAMETER)
+    ctx = _context(endpoint, request, service.ANONYMOUS, call)
+    await subscription_actions.unsubscribe_by_link(ctx, call.params, token)
+    return wire.result(call, None)
+
+
 async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> Response:
     request_id = wire.new_request_id()
     protocol = service.protocol(request)
     try:
-        anonymous = _is_unsubscribe_link(request, body)
-        caller = service.ANONYMOUS if anonymous else service.authenticate(endpoint, request, body, SnsError)
-        call = service.read(SERVICE, request, body, request_id)
-        if not anonymous:
-            service.authorize(caller, ROLES[call.action], call.action, SnsError)
-        elif call.action != "Unsubscribe":  # cannot happen (the link's only field is its query)
-            raise SnsError("AuthorizationErrorException", "Only Unsubscribe may be called without credentials.")
-        ctx = _context(endpoint, request, caller, call)
-        return wire.result(call, await HANDLERS[call.action](ctx, call.params))
+        return await _answer(endpoint, request, body, request_id)
     except wire.WireError as exc:
         failure = _wire_failure(exc)
     except SnsError as exc:

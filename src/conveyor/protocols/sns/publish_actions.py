@@ -14,11 +14,10 @@ subscriptions keep (SQS fair queues).
 from __future__ import annotations
 
 import base64
-import json
 import re
 from typing import Any
 
-from conveyor import errors, types
+from conveyor import errors, json_input, types
 from conveyor.protocols.sns import topic_actions
 from conveyor.protocols.sns import topic_attributes as attrs
 from conveyor.protocols.sns.context import Context
@@ -74,7 +73,9 @@ def _check_array(name: str, text: str) -> None:
     """A JSON array holds strings, numbers, booleans and nulls. A value that is no JSON
     array is taken, as SNS takes it, and filter policies match it as one value."""
     try:
-        parsed = json.loads(text)
+        parsed = json_input.loads(text, big_integers=True)
+    except json_input.TooDeep:
+        parsed = [[]] if text.lstrip().startswith("[") else None  # an array of arrays, at least
     except ValueError:
         return
     if isinstance(parsed, list) and any(isinstance(v, (list, dict)) for v in parsed):
@@ -103,7 +104,7 @@ def _structure(message: str, structure: str | None) -> tuple[str, dict[str, str]
     if structure != "json":
         raise invalid("MessageStructure")
     try:
-        parsed = json.loads(message)
+        parsed = json_input.loads(message, big_integers=True)
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):

@@ -11,6 +11,14 @@ subscription's id (the last part of its ARN) or its ARN — or, for any other to
 topic's newest HTTP(S) subscription. Whether an endpoint may be reached is decided at
 delivery time by the egress allowlist: subscribing to a disallowed endpoint succeeds, and
 its deliveries are held.
+
+Unsubscribing: the Unsubscribe action needs credentials of the admin role (as the REST
+API's DELETE of a subscription). Without credentials, only the link delivered to an HTTP(S)
+endpoint (``UnsubscribeURL``, its token made by ``core.unsubscribe_links``) unsubscribes,
+and only its own subscription: an ARN, which readers list, is not enough. Subscriptions that
+AWS calls "authenticate on unsubscribe" refuse even the link: every queue subscription (a
+queue is the account's own, and whoever may browse its messages sees their links), and an
+HTTP(S) subscription confirmed with ``AuthenticateOnUnsubscribe=true``.
 """
 
 from __future__ import annotations
@@ -19,11 +27,11 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
-from conveyor import errors, types
+from conveyor import errors, json_input, types
 from conveyor.core import topics
 from conveyor.protocols.sns import topic_actions
 from conveyor.protocols.sns.context import Context
-from conveyor.protocols.sns.errors import NO_SUBSCRIPTION, invalid, not_found
+from conveyor.protocols.sns.errors import NO_SUBSCRIPTION, SnsError, invalid, not_found
 from conveyor.protocols.sns.topic_attributes import EFFECTIVE_DELIVERY_POLICY
 
 PROTOCOLS = ("sqs", "http", "https")
@@ -34,6 +42,7 @@ JSON_VALUED = frozenset({"DeliveryPolicy", "RedrivePolicy", "ReplayPolicy", "Fil
 SETTABLE = KEPT | {"RawMessageDelivery", "FilterPolicy", "FilterPolicyScope"}
 MAX_ENDPOINT = 2048
 PAGE = topic_actions.PAGE
+AUTHENTICATE_ON_UNSUBSCRIBE = "AuthenticateOnUnsubscribe"  # kept in the subscription's attributes
 
 
 # -- reading what clients send ---------------------------------------------------------------
@@ -48,7 +57,7 @@ def _check_json(name: str, value: str) -> None:
     if value == "":
         return
     try:
-        parsed = json.loads(value)
+        parsed = json_input.loads(value, big_integers=True)
     except ValueError:
         raise invalid(name, "failed to parse JSON") from None
     if not isinstance(parsed, dict):
@@ -141,7 +150,7 @@ def filter_policy_text(s: types.Subscription) -> str:
     given = (s.attributes or {}).get("FilterPolicy")
     if isinstance(given, str):
         try:
-            if json.loads(given) == s.filter_policy:
+            if json_input.loads(given, big_integers=True) == s.filter_policy:
                 return given
         except ValueError:
             pass
@@ -181,7 +190,7 @@ def _spec(ctx: Context, topic: str, p: dict[str, Any]) -> types.NewSubscription:
     return types.NewSubscription(
         pattern=topic, protocol=protocol, queue=queue, endpoint=endpoint,
         raw_delivery=changes.get("raw_delivery", False),
-        filter_policy=json.loads(policy) if policy else None,
+        filter_policy=json_input.loads(policy, big_integers=True) if policy else None,
         filter_policy_scope=changes.get("filter_policy_scope", "MessageAttributes"),
         attributes={k: v for k, v in changes.get("attributes", {}).items() if v is not None},
         queue_must_exist=False,
@@ -236,6 +245,42 @@ async def unsubscribe(ctx: Context, p: dict[str, Any]) -> None:
     return None
 
 
+def needs_authentication(s: types.Subscription) -> bool:
+    """Whether only an authenticated Unsubscribe may remove the subscription, not its link."""
+    return s.protocol == "sqs" or (s.attributes or {}).get(AUTHENTICATE_ON_UNSUBSCRIBE) == "true"
+
+
+async def unsubscribe_by_link(ctx: Context, p: dict[str, Any], token: str | None) -> None:
+    """The credential-free link: refused unless its token is the subscription's. A valid
+    link of a subscription gone already succeeds, as Unsubscribe does."""
+    arn = p.get("SubscriptionArn")
+    topic, key = ctx.subscription_from_arn(arn)
+    if not ctx.broker.unsubscribe_links.valid(key, token):
+        raise SnsError("AuthorizationErrorException", "This unsubscribe link is not valid: without credentials, "
+                       "only the UnsubscribeURL delivered to a subscription's HTTP(S) endpoint (with its Token) "
+                       "unsubscribes it; otherwise call Unsubscribe with credentials.")
+    async with ctx.broker.connection() as conn:
+        try:
+            found = await topics.subscription_get(conn, key)
+        except errors.SubscriptionNotFound:
+            return None
+        if found.pattern != topic:
+            return None
+        if needs_authentication(found):
+            raise SnsError("AuthorizationErrorException", f"Subscription {arn} requires authentication to "
+                           "unsubscribe: call Unsubscribe with credentials.")
+        await topics.unsubscribe(conn, key)
+    return None
+
+
+def _authenticate_on_unsubscribe(value: str | None) -> bool:
+    if value is None or value.lower() in ("", "false"):
+        return False
+    if value.lower() != "true":
+        raise invalid("AuthenticateOnUnsubscribe")
+    return True
+
+
 def _token_subscription(token: str, subs: list[types.Subscription], ctx: Context) -> types.Subscription | None:
     for s in subs:
         if token in (str(s.uuid), ctx.subscription_arn(s)):
@@ -249,12 +294,16 @@ async def confirm_subscription(ctx: Context, p: dict[str, Any]) -> dict[str, Any
     token = p.get("Token")
     if not token:
         raise invalid("Token")
+    locked = _authenticate_on_unsubscribe(p.get("AuthenticateOnUnsubscribe"))
     async with ctx.broker.connection() as conn:
         await topic_actions.get_topic(ctx, conn, topic)
         found = _token_subscription(token, await topics.subscriptions_list(conn, pattern=topic), ctx)
         if found is None:
             raise invalid("Token")
-        if not found.confirmed:
+        if locked and not needs_authentication(found):  # as on AWS, a confirmation can only lock it
+            found = await topics.subscription_set_attributes(
+                conn, found.uuid, {"confirmed": True, "attributes": {AUTHENTICATE_ON_UNSUBSCRIBE: "true"}})
+        elif not found.confirmed:
             found = await topics.confirm(conn, found.uuid)
     return {"SubscriptionArn": ctx.subscription_arn(found)}
 

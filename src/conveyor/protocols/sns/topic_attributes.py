@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from conveyor import types
+from conveyor import json_input, types
 from conveyor.protocols.sns.context import Context
 from conveyor.protocols.sns.errors import invalid
 
@@ -60,7 +60,7 @@ def check(name: str, value: str, *, fifo: bool, creating: bool) -> None:
                       f"{', '.join(_CHOICES[name])}")
     if name in JSON_VALUED and value != "":
         try:
-            parsed = json.loads(value)
+            parsed = json_input.loads(value, big_integers=True)
         except ValueError:
             raise invalid(name, "failed to parse JSON") from None
         if not isinstance(parsed, dict):

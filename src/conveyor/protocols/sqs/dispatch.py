@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = wire.Service(target_prefix="AmazonSQS", json_type_prefix="com.amazonaws.sqs#", namespace=NAMESPACE,
                        inputs=INPUT, outputs=OUTPUT, query_compatible=True)
+SIGNING_NAME = "sqs"  # the service a SigV4 credential scope must name
 
 Handler = Callable[[Context, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
@@ -69,7 +70,9 @@ def _context(endpoint: service.Endpoint, request: Request, caller: service.Calle
         default_region=endpoint.region,
         account_id=endpoint.account_id,
         base_url=service.base_url(endpoint, request),
-        sender_id=caller.identity.principal or (scope.access_key if scope else endpoint.account_id),
+        # who sent it, as verified: a JWT's sub or a verified SigV4 key, else the account (an
+        # unverified scope's access key is whatever the client wrote)
+        sender_id=caller.identity.principal or endpoint.account_id,
         request_id=request_id,
         path_queue_url=f"/{account}/{queue}" if account and queue else None,
     )
@@ -79,7 +82,7 @@ async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> R
     request_id = wire.new_request_id()
     protocol = service.protocol(request)
     try:
-        caller = service.authenticate(endpoint, request, body, SqsError)
+        caller = service.authenticate(endpoint, request, body, SqsError, SIGNING_NAME)
         call = service.read(SERVICE, request, body, request_id)
         service.authorize(caller, ROLES[call.action], call.action, SqsError)
         ctx = _context(endpoint, request, caller, request_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conveyor import types
+from conveyor import json_input, types
 from conveyor.protocols.sqs.context import Context
 from conveyor.protocols.sqs.errors import SqsError, invalid_value
 
@@ -128,7 +128,7 @@ def _kept(name: str, value: str) -> str | None:
 
 def _json_object(name: str, value: str) -> dict[str, Any]:
     try:
-        parsed = json.loads(value)
+        parsed = json_input.loads(value, big_integers=True)
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):
@@ -176,7 +176,7 @@ def check_redrive_allowed(ctx: Context, source: str, dead_letter_queue: types.Qu
     raw = dead_letter_queue.extra_attributes.get("RedriveAllowPolicy")
     if not raw:
         return
-    policy = json.loads(raw)
+    policy = json_input.loads(raw, big_integers=True)
     permission = policy.get("redrivePermission")
     allowed = permission == "allowAll" or (
         permission == "byQueue" and ctx.queue_arn(source) in policy.get("sourceQueueArns", []))

@@ -12,6 +12,12 @@ SELECT id, name, namespace, task, lease_time, retry_limit, priority, delayed_pro
        dlq_after_max_retries, options, created_at, updated_at
   FROM conveyor.pqueues WHERE name = %(name)s::text
 
+-- name: pqueue_get_many
+SELECT id, name, namespace, task, lease_time, retry_limit, priority, delayed_processing, window_buffer,
+       max_wait_time_seconds, retention_seconds, completed_retention_seconds, encryption_enabled,
+       dlq_after_max_retries, options, created_at, updated_at
+  FROM conveyor.pqueues WHERE name = ANY (%(names)s::text[])
+
 -- name: pqueue_list
 SELECT id, name, namespace, task, lease_time, retry_limit, priority, delayed_processing, window_buffer,
        max_wait_time_seconds, retention_seconds, completed_retention_seconds, encryption_enabled,
@@ -40,7 +46,10 @@ SELECT conveyor.pqueue_ack(%(acks)s::jsonb, %(strict)s::boolean)
 SELECT conveyor.pqueue_renew(%(leases)s::jsonb)
 
 -- name: pqueue_transaction
-SELECT conveyor.pqueue_transaction(%(operations)s::jsonb)
+SELECT conveyor.pqueue_transaction(%(operations)s::jsonb, %(required_leases)s::jsonb)
+
+-- name: pqueue_create_missing
+SELECT conveyor.pqueue_create_missing(%(names)s::text[], %(max_new)s::integer, %(max_total)s::integer)
 
 -- name: pqueue_subscribe
 SELECT queue_id, name, mode, start_at, created_at FROM conveyor.pqueue_subscribe(%(queue)s::text, %(group)s::text, %(mode)s::text, %(start_at)s::timestamptz)

@@ -19,6 +19,7 @@ function h(tag, props = {}, ...children) {
     if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else if (k === "text") node.textContent = v;
     else if (k === "class") node.className = v;
+    else if (k === "style") Object.assign(node.style, v);  // the DOM's style object: the CSP refuses style=""
     else node.setAttribute(k, v === true ? "" : String(v));
   }
   for (const c of children.flat()) {
@@ -137,7 +138,7 @@ async function charts(kind, name, panels) {
   return h("div", { class: "charts", "data-samples": String(pts.length) }, panels.map(({ title, series }) => {
     const lines = series.map(([label, key, color]) => ({ label, color, points: pts.map((p) => ({ t: p.t, v: p[key] })) }));
     return h("div", { class: "chart" }, h("h3", { text: title }), lineChart(lines, { from, to }),
-      h("div", { class: "legend" }, series.map(([label, , color]) => h("span", {}, h("i", { style: `background:${color}` }), label))));
+      h("div", { class: "legend" }, series.map(([label, , color]) => h("span", {}, h("i", { style: { background: color } }), label))));
   }));
 }
 
