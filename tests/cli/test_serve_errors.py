@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -39,3 +40,17 @@ def test_a_refusing_database_is_waited_for_saying_so():
     assert code != 0
     assert "waiting for the database" in out and "Connection refused" in out and "did not answer within 1.5s" in out
     assert "Traceback" not in out and "serving on" not in out
+
+
+def test_a_taken_port_is_said_at_once_and_nothing_announced(dsn):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "conveyor", "serve", "--port", str(port)],
+                              env={**os.environ, "DATABASE_URL": dsn}, capture_output=True, text=True, timeout=60)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and time.monotonic() - started < 20
+    assert f"127.0.0.1:{port} is already in use" in out and "CONVEYOR_PORT" in out
+    assert "serving on" not in out and "Traceback" not in out and "Errno" not in out
