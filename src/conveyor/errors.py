@@ -29,7 +29,7 @@
     │   └── MessageTooLarge      413 (CVM01)
     ├── PermissionDenied         403 — the caller's role may not do this (42501)
     │   └── QueueLimitReached      (CVK04) — a push would create queues beyond what it may
-    ├── Unauthorized             403 — no or unknown credentials
+    ├── Unauthorized             401 — no or unknown credentials (AWS protocols: their own codes)
     ├── Unavailable              503 — the database cannot be reached right now
     │   ├── DatabaseUnreachable    — and the request never reached it (nothing was done)
     │   ├── Throttled              — too much is waiting already: retry later
@@ -190,7 +190,9 @@ class QueueLimitReached(PermissionDenied, sqlstate="CVK04"):
 
 
 class Unauthorized(ConveyorError):
-    """No or unknown credentials (rendered as 403, as seed 000 does)."""
+    """No or unknown credentials: "who are you?" (401 with a WWW-Authenticate challenge on
+    REST, Queen's and hq's routes; seed 000 answered 403, which says "not allowed" and
+    belongs to PermissionDenied). The AWS protocols answer in AWS's codes."""
 
 
 class Unavailable(ConveyorError):

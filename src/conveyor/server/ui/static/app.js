@@ -86,7 +86,7 @@ async function api(path, { method = "GET", body } = {}) {
   const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   const text = await r.text();
   const data = text ? JSON.parse(text) : null;
-  if (r.status === 403 && data?.code === "Unauthorized") throw new Unauthorized(data.error);
+  if (r.status === 401) throw new Unauthorized(data?.error ?? "sign in");
   if (!r.ok) throw new Error(data?.error || `${r.status} ${r.statusText}`);
   return data;
 }
