@@ -35,7 +35,7 @@ from conveyor.protocols.sns.shapes import INPUT, NAMESPACE, OUTPUT
 log = logging.getLogger(__name__)
 
 SERVICE = wire.Service(target_prefix="AmazonSNS", json_type_prefix="com.amazonaws.sns#", namespace=NAMESPACE,
-                       inputs=INPUT, outputs=OUTPUT, query_compatible=True)
+                       inputs=INPUT, outputs=OUTPUT, query_compatible=True, error_detail=False)
 
 Handler = Callable[[Context, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 

@@ -33,6 +33,7 @@ class Context(RegionScope):
     sender_id: str
     request_id: str
     path_queue_url: str | None = None  # set when the request came to /{account}/{queue}
+    trace_header: str | None = None  # X-Amzn-Trace-Id: what a send stores as AWSTraceHeader
 
     def url(self, internal_name: str) -> str:
         return f"{self.base_url}/{self.account_id}/{self.bare(internal_name)}"

@@ -72,15 +72,33 @@ def _context(endpoint: service.Endpoint, request: Request, caller: service.Calle
         sender_id=caller.identity.principal or (scope.access_key if scope else endpoint.account_id),
         request_id=request_id,
         path_queue_url=f"/{account}/{queue}" if account and queue else None,
+        trace_header=request.headers.get("x-amzn-trace-id") or None,
     )
+
+
+# Actions that name no queue: sent to a queue's URL, AWS answers InvalidAction
+_QUEUELESS = {"CreateQueue", "ListQueues"}
+
+
+def _no_action(request: Request, body: bytes) -> bool:
+    """A Query request that names no action at all (``GET /`` or a queue URL, no fields);
+    a substring test, so that the hot path does not parse the form twice."""
+    if wire.is_json(request.headers):
+        return False
+    return b"Action=" not in body and "Action=" not in service.query_string(request)
 
 
 async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> Response:
     request_id = wire.new_request_id()
     protocol = service.protocol(request)
+    if _no_action(request, body):  # AWS's front end answers this before anything else
+        return Response("<UnknownOperationException/>", status_code=404, media_type="text/xml",
+                        headers={"x-amzn-RequestId": request_id})
     try:
         caller = service.authenticate(endpoint, request, body, SqsError)
         call = service.read(SERVICE, request, body, request_id)
+        if call.action in _QUEUELESS and request.path_params.get("queue_name"):
+            raise SqsError("InvalidAction", f"The action {call.action} is not valid for this endpoint.")
         service.authorize(caller, ROLES[call.action], call.action, SqsError)
         ctx = _context(endpoint, request, caller, request_id)
         return wire.result(call, await HANDLERS[call.action](ctx, call.params))
@@ -93,6 +111,6 @@ async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> R
     except Exception:
         log.exception("SQS request failed")
         failure = SqsError("InternalError", "We encountered an internal error. Please try again.")
-    if protocol == "query" and failure.message == NO_QUEUE:
+    if protocol != "json" and failure.message == NO_QUEUE:
         failure = SqsError("QueueDoesNotExist", NO_QUEUE_QUERY)  # AWS's Query wording
     return wire.error(SERVICE, protocol, failure.info(), request_id)
