@@ -318,3 +318,36 @@ def test_trace_header_becomes_aws_trace_header(server, protocol, make_queue):
     plain.send_message(QueueUrl=url, MessageBody="untraced")
     [m] = plain.receive_message(QueueUrl=url, AttributeNames=["All"])["Messages"]
     assert "AWSTraceHeader" not in m.get("Attributes", {})
+
+
+# -- item 20: queue URLs carry the region --------------------------------------------------------
+
+def test_queue_urls_carry_the_region(server, protocol):
+    east, west = client(server.url, protocol, region="us-east-1"), client(server.url, protocol, region="eu-west-1")
+    name = f"q-region-{uuid.uuid4().hex[:8]}"
+    east_url = east.create_queue(QueueName=name)["QueueUrl"]
+    west_url = west.create_queue(QueueName=name)["QueueUrl"]
+    assert east_url != west_url and "/eu-west-1/" in west_url
+    assert west.get_queue_url(QueueName=name)["QueueUrl"] == west_url
+    assert west_url in west.list_queues(QueueNamePrefix=name)["QueueUrls"]
+    west.send_message(QueueUrl=west_url, MessageBody="west")
+    east.send_message(QueueUrl=east_url, MessageBody="east")
+    # a URL names its queue whoever holds it: the region is in the URL, not the client
+    assert east.receive_message(QueueUrl=west_url)["Messages"][0]["Body"] == "west"
+    assert west.receive_message(QueueUrl=east_url.replace(server.url, "https://sqs.us-east-1.amazonaws.com"))[
+        "Messages"][0]["Body"] == "east"
+    aws_host = f"https://sqs.eu-west-1.amazonaws.com/000000000000/{name}"
+    assert east.get_queue_attributes(QueueUrl=aws_host, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"] == \
+        f"arn:aws:sqs:eu-west-1:000000000000:{name}"
+
+
+def test_a_regional_queue_url_is_an_endpoint(server, sqs):
+    """SDKs that send a queue's requests to its URL (the Query protocol's way) reach it."""
+    west = client(server.url, "json", region="eu-west-1")
+    url = west.create_queue(QueueName=f"q-endpoint-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    sent = httpx.post(url, data={"Action": "SendMessage", "MessageBody": "via the URL"}, headers=AUTH)
+    assert sent.status_code == 200, sent.text
+    assert west.receive_message(QueueUrl=url)["Messages"][0]["Body"] == "via the URL"
+    # the URL's region wins over the signature's (us-east-1 in AUTH)
+    listed = httpx.post(url, data={"Action": "GetQueueAttributes", "AttributeName.1": "QueueArn"}, headers=AUTH)
+    assert ":eu-west-1:" in listed.text

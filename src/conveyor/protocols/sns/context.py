@@ -25,6 +25,7 @@ from conveyor import types
 from conveyor.protocols.aws.service import RegionScope
 from conveyor.protocols.broker import Broker
 from conveyor.protocols.sns.errors import NO_SUBSCRIPTION, SnsError, invalid, not_found
+from conveyor.protocols.sqs import context as sqs_context
 from conveyor.protocols.sqs.context import is_valid_name as is_valid_queue_name
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
@@ -103,21 +104,23 @@ class Context(RegionScope):
         return self.internal(name, region)
 
     def _queue_from_url(self, url: str) -> str:
-        """A queue URL, ``http(s)://<any host>/<account>/<queue>`` — the server's own or
-        SQS's — resolved as the SQS layer resolves a QueueUrl: by its path, in the
-        request's region."""
+        """A queue URL, ``http(s)://<any host>/<account>/<queue>`` (or a region's,
+        ``.../queue/<region>/<account>/<queue>``) — the server's own or SQS's — resolved
+        as the SQS layer resolves a QueueUrl: by its path, in the request's region unless
+        the path names one."""
         try:
             path = urlsplit(url).path
         except ValueError:  # a malformed IPv6 host
             raise invalid("SQS endpoint ARN") from None
-        parts = [unquote(p) for p in path.split("/") if p]
-        if len(parts) != 2 or not is_valid_queue_name(parts[1]):
+        resolved = sqs_context.resolve_path(tuple(unquote(p) for p in path.split("/") if p))
+        if resolved is None:
             raise invalid("SQS endpoint ARN")
-        if parts[0] != self.account_id:
+        region, account, name = resolved
+        if account != self.account_id:
             raise SnsError("AuthorizationErrorException",
                            f"User: arn:aws:iam::{self.account_id}:root is not authorized to perform: "
                            f"SNS:{self.action} on resource: {url}")
-        return self.internal(parts[1])
+        return self.internal(name, region)
 
     def check_subscription_topic(self, subscription: types.Subscription | None, topic: str) -> types.Subscription:
         """A subscription found by uuid belongs to the topic its ARN names, or is not found."""

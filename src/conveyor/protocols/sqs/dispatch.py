@@ -63,6 +63,7 @@ ROLES = {action: "read" if action in _READ else "write" if action in _WRITE else
 def _context(endpoint: service.Endpoint, request: Request, caller: service.Caller, request_id: str) -> Context:
     scope = caller.scope
     account, queue = request.path_params.get("account_id"), request.path_params.get("queue_name")
+    region = request.path_params.get("region")
     return Context(
         broker=endpoint.broker,
         region=service.region(endpoint, scope),
@@ -71,7 +72,8 @@ def _context(endpoint: service.Endpoint, request: Request, caller: service.Calle
         base_url=service.base_url(endpoint, request),
         sender_id=caller.identity.principal or (scope.access_key if scope else endpoint.account_id),
         request_id=request_id,
-        path_queue_url=f"/{account}/{queue}" if account and queue else None,
+        path_queue_url=(f"/queue/{region}/{account}/{queue}" if region else f"/{account}/{queue}")
+        if account and queue else None,
         trace_header=request.headers.get("x-amzn-trace-id") or None,
     )
 
