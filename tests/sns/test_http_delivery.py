@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 
 import httpx
@@ -26,12 +27,14 @@ pytestmark = pytest.mark.slow
 
 
 def verify(envelope: dict[str, str]) -> None:
-    """As an SNS subscriber verifies a message (SignatureVersion 2)."""
+    """As an SNS subscriber verifies a message (SignatureVersion 1: SHA1, 2: SHA256)."""
+    assert re.search(r"/SimpleNotificationService-[0-9a-f]{32}\.pem$", envelope["SigningCertURL"])
     pem = httpx.get(envelope["SigningCertURL"]).raise_for_status().content
     key = x509.load_pem_x509_certificate(pem).public_key()
     names = ["Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"]
     canonical = "".join(f"{n}\n{envelope[n]}\n" for n in names if n in envelope)
-    key.verify(base64.b64decode(envelope["Signature"]), canonical.encode(), padding.PKCS1v15(), hashes.SHA256())
+    digest = {"1": hashes.SHA1(), "2": hashes.SHA256()}[envelope["SignatureVersion"]]
+    key.verify(base64.b64decode(envelope["Signature"]), canonical.encode(), padding.PKCS1v15(), digest)
 
 
 def make_due(dsn: str) -> None:
@@ -149,7 +152,7 @@ def test_certificate_is_served_and_survives_a_restart(module_dsn, endpoint):
         other.publish(TopicArn=topic, Message="after restart")
         [request] = endpoint.wait_for(1)
         envelope = json.loads(request.body)
-        assert envelope["SigningCertURL"] == second.url + "/SimpleNotificationService.pem"
+        assert envelope["SigningCertURL"].startswith(second.url + "/SimpleNotificationService-")
         verify(envelope)
     finally:
         second.terminate()

@@ -113,7 +113,7 @@ def test_get_and_set_topic_attributes(sns):
            "InvalidParameter")
     _fails(lambda: sns.set_topic_attributes(TopicArn=arn, AttributeName="ContentBasedDeduplication",
                                             AttributeValue="true"), "InvalidParameter")
-    _fails(lambda: sns.set_topic_attributes(TopicArn=arn, AttributeName="SignatureVersion", AttributeValue="1"),
+    _fails(lambda: sns.set_topic_attributes(TopicArn=arn, AttributeName="SignatureVersion", AttributeValue="3"),
            "InvalidParameter")
     _fails(lambda: sns.set_topic_attributes(TopicArn=arn, AttributeName="DisplayName", AttributeValue="x" * 101),
            "InvalidParameter", message="Invalid parameter: Attributes Reason: DisplayName")

@@ -199,6 +199,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
             Mount("/api/v1", queen_v1),  # Queen's HTTP API (docs/queen.md)
             Mount(hq.PREFIX, hq_api),  # hq's HTTP API, also at the root of the hq port (docs/dialects/hq.md)
             Route("/SimpleNotificationService.pem", sns_certificate.certificate, methods=["GET"]),
+            Route("/SimpleNotificationService-{digest}.pem", sns_certificate.certificate, methods=["GET"]),
             Mount("/ui", ui.app(broker, settings.auth_mode, settings.history_interval)),  # docs/dashboard.md
         ],
         middleware=[

@@ -41,6 +41,7 @@ class Context(RegionScope):
     action: str
     base_url: str
     request_id: str
+    trace_header: str | None = None  # X-Amzn-Trace-Id: AWSTraceHeader of what a publish puts in queues
 
     @property
     def urls(self) -> types.TopicUrls:

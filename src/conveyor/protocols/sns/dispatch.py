@@ -90,6 +90,7 @@ def _context(endpoint: service.Endpoint, request: Request, caller: service.Calle
         account_id=endpoint.account_id,
         base_url=service.base_url(endpoint, request),
         request_id=call.request_id,
+        trace_header=request.headers.get("x-amzn-trace-id") or None,
     )
 
 

@@ -145,8 +145,11 @@ def _fifo_ids(topic: types.Topic, entry: dict[str, Any]) -> tuple[str | None, st
     return group, dedup
 
 
-def publication(topic: types.Topic, entry: dict[str, Any]) -> types.Publication:
-    """A Publish (or a PublishBatch entry) checked as SNS checks it, as the engine's input."""
+def publication(topic: types.Topic, entry: dict[str, Any], trace_header: str | None = None) -> types.Publication:
+    """A Publish (or a PublishBatch entry) checked as SNS checks it, as the engine's input:
+    signed with the topic's SignatureVersion (FIFO topics' envelopes unsigned, as SNS sends
+    them), and carrying the request's X-Ray header (``trace_header``) to SQS subscribers
+    as their messages' AWSTraceHeader."""
     message = entry.get("Message")
     if message is None:
         raise invalid("Message")
@@ -157,8 +160,11 @@ def publication(topic: types.Topic, entry: dict[str, Any]) -> types.Publication:
         raise invalid("Message too long")
     body, bodies = _structure(message, entry.get("MessageStructure"))
     group, dedup = _fifo_ids(topic, entry)
+    system = {"AWSTraceHeader": {"DataType": "String", "StringValue": trace_header}} if trace_header else None
     return types.Publication(body=body, subject=_subject(entry.get("Subject")), attributes=attributes or None,
-                             group_id=group, dedup_id=dedup, bodies=bodies)
+                             group_id=group, dedup_id=dedup, bodies=bodies,
+                             signature_version=attrs.signature_version(topic), signed=not topic.fifo,
+                             system_attributes=system)
 
 
 def _published(sent: types.Published) -> dict[str, Any]:
@@ -191,7 +197,7 @@ async def _topic(ctx: Context, name: str) -> types.Topic:
 async def publish(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     name = _target(ctx, p)
     topic = await _topic(ctx, name)
-    sent = await ctx.broker.publish(name, publication(topic, p), ctx.urls, topic=name)
+    sent = await ctx.broker.publish(name, publication(topic, p, ctx.trace_header), ctx.urls, topic=name)
     return _published(sent)
 
 
@@ -244,7 +250,7 @@ async def publish_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     successful, failed = [], []
     for entry in entries:
         try:
-            sent = await ctx.broker.publish(name, publication(topic, entry), ctx.urls, topic=name)
+            sent = await ctx.broker.publish(name, publication(topic, entry, ctx.trace_header), ctx.urls, topic=name)
         except SnsError as exc:
             failed.append(_failed(entry["Id"], exc))
             continue

@@ -29,7 +29,7 @@ JSON_VALUED = frozenset({"DeliveryPolicy", "Policy", "ArchivePolicy", "DataProte
 BOOLEAN = frozenset({"ContentBasedDeduplication", "FifoTopic"})  # read in any case, stored as true/false
 _CHOICES = {
     "TracingConfig": ("PassThrough", "Active"),
-    "SignatureVersion": ("2",),
+    "SignatureVersion": ("1", "2"),
     "FifoThroughputScope": ("Topic", "MessageGroup"),
 }
 MAX_DISPLAY_NAME = 100
@@ -116,8 +116,7 @@ def render(ctx: Context, topic: types.Topic) -> dict[str, str]:
         "SubscriptionsPending": "0",
         "SubscriptionsDeleted": "0",
         "EffectiveDeliveryPolicy": EFFECTIVE_DELIVERY_POLICY,
-        "SignatureVersion": "2",
-    }
+    }  # SignatureVersion only when set, as SNS answers (unset, envelopes are signed with version 1)
     if topic.fifo:
         out["FifoTopic"] = "true"
         out["ContentBasedDeduplication"] = "false"
@@ -127,3 +126,9 @@ def render(ctx: Context, topic: types.Topic) -> dict[str, str]:
 
 def content_based_deduplication(topic: types.Topic) -> bool:
     return str((topic.attributes or {}).get("ContentBasedDeduplication", "false")).lower() == "true"
+
+
+def signature_version(topic: types.Topic) -> str:
+    """The SignatureVersion envelopes of this topic are signed with: the topic's, else 1
+    (SHA1, SNS's default)."""
+    return str((topic.attributes or {}).get("SignatureVersion") or "1")

@@ -12,6 +12,12 @@
 -- 4. A queue may be its own dead-letter queue, as SQS allows (a RedrivePolicy naming the
 --    queue itself): a message over maxReceiveCount goes to the back of the queue with its
 --    receive count started again, instead of being refused at SetQueueAttributes.
+-- 5. SNS (issue 27, items 9-11): an envelope states the SignatureVersion it was signed
+--    with (1 or 2, the message's signature_version); a publish's system_attributes
+--    (AWSTraceHeader) go to its queue copies; a FIFO topic's MessageGroupId reaches its
+--    FIFO queues only (standard queues get none, as SNS delivers); filter policies on the
+--    body reach dotted keys (`"a.b"` is `{"a": {"b": ...}}` too) and arrays nested in
+--    arrays.
 
 ------------------------------------------------------------------------------------------
 -- 1. Message size
@@ -244,3 +250,313 @@ BEGIN
     END IF;
     RETURN q;
 END $$;
+
+------------------------------------------------------------------------------------------
+-- 5. SNS: signature versions, system attributes, FIFO groups, filter policies
+------------------------------------------------------------------------------------------
+
+-- 0005's _envelope_parts; SignatureVersion is the message's signature_version (else 2).
+CREATE OR REPLACE FUNCTION conveyor._envelope_parts(m jsonb, topic_arn text, body text, signature text) RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    WITH f(o, k, v) AS (VALUES
+        (1, 'Type', to_json('Notification'::text)::text),
+        (2, 'MessageId', to_json(m ->> 'message_id')::text),
+        (3, 'SequenceNumber', to_json(m ->> 'sequence_number')::text),
+        (4, 'TopicArn', to_json(topic_arn)::text),
+        (5, 'Subject', to_json(m ->> 'subject')::text),
+        (6, 'Message', to_json(body)::text),
+        (7, 'Timestamp', to_json(m ->> 'timestamp')::text),
+        (8, 'SignatureVersion', CASE WHEN signature IS NOT NULL
+                                     THEN to_json(coalesce(m ->> 'signature_version', '2'))::text END),
+        (9, 'Signature', to_json(signature)::text),
+        (10, 'SigningCertURL', CASE WHEN signature IS NOT NULL THEN to_json(m ->> 'signing_cert_url')::text END),
+        (11, 'UnsubscribeURL', left(to_json(m ->> 'unsubscribe_url')::text, -1)),  -- open: the ARN follows
+        (12, 'MessageAttributes', conveyor._envelope_attributes(m -> 'attributes'))
+    ), fields AS (
+        SELECT o, to_json(k)::text || ' : ' || v AS field FROM f WHERE v IS NOT NULL
+    )
+    SELECT CASE WHEN m ->> 'unsubscribe_url' IS NULL
+                THEN ARRAY[E'{\n  ' || (SELECT string_agg(field, E',\n  ' ORDER BY o) FROM fields) || E'\n}', NULL]
+                ELSE ARRAY[E'{\n  ' || (SELECT string_agg(field, E',\n  ' ORDER BY o) FROM fields WHERE o <= 11),
+                           '"' || coalesce((SELECT E',\n  ' || field FROM fields WHERE o = 12), '') || E'\n}'] END
+$$;
+
+-- 0010's topic_publish; the changes are marked by sys_attrs (a publish's system
+-- attributes, for every queue copy) and std_gid (the group standard queues get: none from
+-- a FIFO topic).
+CREATE OR REPLACE FUNCTION conveyor.topic_publish(routing_key text, message jsonb)
+RETURNS TABLE (queues text[], endpoints integer, sequence_number text, messages jsonb, sealed jsonb)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    m jsonb := message;
+    body text := message ->> 'body';
+    region text := coalesce(message ->> 'region', 'us-east-1');
+    account text := coalesce(message ->> 'account_id', '000000000000');
+    gid text := message ->> 'group_id';
+    -- a FIFO topic's group orders its FIFO queues only: standard queues do not get it
+    std_gid text := CASE WHEN routing_key LIKE '%.fifo' THEN NULL ELSE message ->> 'group_id' END;
+    sys_attrs jsonb := CASE WHEN jsonb_typeof(message -> 'system_attributes') = 'object'
+                            THEN message -> 'system_attributes' END;
+    did text := message ->> 'dedup_id';
+    delay integer;
+    arn text;
+    seqno text;
+    ids bigint[];
+    attr_doc jsonb;
+    body_doc jsonb;
+    ts timestamptz := now();
+    f record;
+    n_http integer;
+    stored jsonb := '[]';
+    to_seal jsonb := '[]';
+    one jsonb;
+    subj text := conveyor._routing_subject(routing_key);
+    env text[];
+BEGIN
+    PERFORM conveyor._routing_key_check(routing_key);
+    IF m IS NULL OR jsonb_typeof(m) <> 'object' OR body IS NULL THEN
+        PERFORM conveyor._raise('CVV01', 'message must be a JSON object with a body');
+    END IF;
+    IF m ? 'attributes' AND jsonb_typeof(m -> 'attributes') NOT IN ('object', 'null') THEN
+        PERFORM conveyor._raise('CVV01', 'message attributes must be a JSON object');
+    END IF;
+    IF jsonb_typeof(m -> 'delay') = 'number' THEN
+        delay := (m ->> 'delay')::integer;
+    ELSIF m ? 'delay' AND jsonb_typeof(m -> 'delay') <> 'null' THEN
+        PERFORM conveyor._raise('CVV01', 'delay must be a number of seconds');
+    END IF;
+    IF routing_key LIKE '%.fifo' THEN
+        IF gid IS NULL THEN
+            PERFORM conveyor._raise('CVV01', 'publishing to a FIFO routing key (ending in .fifo) needs a group_id');
+        END IF;
+        IF did IS NULL AND (SELECT t.attributes ->> 'ContentBasedDeduplication' FROM conveyor.topics t
+                             WHERE t.name = routing_key) = 'true' THEN
+            did := encode(sha256(convert_to(body, 'UTF8')), 'hex');
+        END IF;
+        seqno := lpad(nextval('conveyor.topic_sequence')::text, 20, '0');
+        m := m || jsonb_build_object('sequence_number', seqno);
+    END IF;
+    IF m ->> 'message_id' IS NULL THEN
+        m := m || jsonb_build_object('message_id', gen_random_uuid());
+    END IF;
+    IF m ->> 'timestamp' IS NULL THEN
+        m := m || jsonb_build_object('timestamp',
+                                     to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'));
+    END IF;
+    arn := coalesce(m ->> 'topic_arn', conveyor._topic_arn(routing_key, region, account));
+    env := conveyor._envelope_parts(m, arn, body, m ->> 'signature');
+
+    -- who matches: exact patterns by the index, wildcard patterns by their regex
+    SELECT coalesce(array_agg(s.id ORDER BY s.id), '{}') INTO ids FROM (
+        SELECT x.id, x.confirmed FROM conveyor.subscriptions x WHERE x.pattern = routing_key AND NOT x.wildcard
+        UNION ALL
+        SELECT x.id, x.confirmed FROM conveyor.subscriptions x
+         WHERE x.wildcard AND subj ~ x.regex) s
+     WHERE s.confirmed;
+    IF EXISTS (SELECT 1 FROM conveyor.subscriptions x WHERE x.id = ANY (ids) AND x.filter_policy IS NOT NULL) THEN
+        attr_doc := conveyor._fp_attributes(m -> 'attributes');
+        IF EXISTS (SELECT 1 FROM conveyor.subscriptions x
+                    WHERE x.id = ANY (ids) AND x.filter_policy IS NOT NULL AND x.filter_policy_scope = 'MessageBody') THEN
+            body_doc := conveyor._json_or_null(body);
+        END IF;
+        SELECT coalesce(array_agg(x.id ORDER BY x.id), '{}') INTO ids FROM conveyor.subscriptions x
+         WHERE x.id = ANY (ids)
+           AND conveyor._fp_accepts(x.filter_policy, CASE WHEN x.filter_policy_scope = 'MessageBody'
+                                                          THEN body_doc ELSE attr_doc END);
+    END IF;
+
+    -- Subscriptions whose queue does not exist yet are locked first: a queue created
+    -- meanwhile links them (_queue_created), so either it waits for this publish and then
+    -- takes the rows it held, or this publish waits for it and then delivers directly.
+    PERFORM 1 FROM conveyor.subscriptions x
+      WHERE x.id = ANY (ids) AND x.protocol = 'sqs' AND x.queue_id IS NULL
+      ORDER BY x.id
+        FOR SHARE;
+
+    -- standard queues: one insert, each row checked as any send checks it
+    WITH inserted AS (
+        INSERT INTO conveyor.messages (queue_id, id, vt, sent_at, body, content_type, headers, group_id,
+                                       system_attributes)
+        SELECT (d.q).id, nextval((d.q).seq), ts + make_interval(secs => coalesce(delay, (d.q).delay_seconds)), ts,
+               d.body, d.content_type, d.headers, std_gid, coalesce(sys_attrs, '{}')
+          FROM (SELECT q, x.id AS sid, t.*
+                  FROM conveyor.subscriptions x
+                  JOIN conveyor.queues q ON q.id = x.queue_id
+                  CROSS JOIN LATERAL conveyor._delivery(m, arn, env, x, region, account) t
+                 WHERE x.id = ANY (ids) AND NOT q.fifo AND NOT conveyor._encrypted(q)) d
+         WHERE conveyor._message_ok(d.q, d.body, d.headers, delay, NULL, NULL)
+         ORDER BY d.sid
+        RETURNING queue_id, id, message_uuid)
+    SELECT coalesce(jsonb_agg(jsonb_build_object('queue', q.name, 'id', i.id, 'message_id', i.message_uuid)
+                              ORDER BY q.name), '[]')
+      INTO stored
+      FROM inserted i JOIN conveyor.queues q ON q.id = i.queue_id;
+
+    -- FIFO queues: through the queue engine's FIFO path (groups, deduplication)
+    FOR f IN SELECT q, t.*
+               FROM conveyor.subscriptions x
+               JOIN conveyor.queues q ON q.id = x.queue_id
+               CROSS JOIN LATERAL conveyor._delivery(m, arn, env, x, region, account) t
+              WHERE x.id = ANY (ids) AND q.fifo AND NOT conveyor._encrypted(q)
+              ORDER BY x.id LOOP
+        SELECT jsonb_build_object('queue', (f.q).name, 'id', s.id, 'message_id', s.message_uuid) INTO one
+          FROM conveyor._send(f.q, jsonb_build_array(jsonb_build_object(
+            'body', f.body, 'headers', f.headers, 'content_type', f.content_type, 'group_id', gid,
+            'system_attributes', sys_attrs,
+            -- a queue's content-based deduplication hashes the published body, not the
+            -- envelope (which differs on every publish)
+            'dedup_id', coalesce(did, CASE WHEN (f.q).content_based_deduplication
+                                           THEN encode(sha256(convert_to(body, 'UTF8')), 'hex') END),
+            'delay', delay))) s;
+        stored := stored || coalesce(jsonb_build_array(one), '[]');
+    END LOOP;
+
+    -- encrypted queues: what each gets, for the caller to seal and send
+    SELECT coalesce(jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+               'queue', (q).name, 'body', t.body, 'headers', t.headers, 'content_type', t.content_type,
+               'group_id', CASE WHEN (q).fifo THEN gid ELSE std_gid END, 'delay', delay,
+               'system_attributes', sys_attrs,
+               'dedup_id', CASE WHEN (q).fifo THEN coalesce(did, CASE WHEN (q).content_based_deduplication
+                                THEN encode(sha256(convert_to(m ->> 'body', 'UTF8')), 'hex') END) END))
+           ORDER BY x.id), '[]')
+      INTO to_seal
+      FROM conveyor.subscriptions x
+      JOIN conveyor.queues q ON q.id = x.queue_id
+      CROSS JOIN LATERAL conveyor._delivery(m, arn, env, x, region, account) t
+     WHERE x.id = ANY (ids) AND conveyor._encrypted(q);
+
+    -- endpoints: one outbox row each
+    INSERT INTO conveyor.http_deliveries (subscription_id, endpoint, payload, headers, message_id)
+    SELECT x.id, x.endpoint, t.body,
+           jsonb_build_object('Content-Type', 'text/plain; charset=UTF-8',
+                              'x-amz-sns-message-type', 'Notification',
+                              'x-amz-sns-message-id', m ->> 'message_id',
+                              'x-amz-sns-topic-arn', arn,
+                              'x-amz-sns-subscription-arn', t.subscription_arn)
+             || CASE WHEN x.raw_delivery THEN '{"x-amz-sns-rawdelivery": "true"}'::jsonb ELSE '{}' END,
+           (m ->> 'message_id')::uuid
+      FROM conveyor.subscriptions x
+      CROSS JOIN LATERAL conveyor._delivery(m, arn, env, x, region, account) t
+     WHERE x.id = ANY (ids) AND x.protocol IN ('http', 'https')
+     ORDER BY x.id;
+    GET DIAGNOSTICS n_http = ROW_COUNT;
+
+    -- queues not created yet: a held outbox row each, with what the queue will get
+    INSERT INTO conveyor.http_deliveries (subscription_id, endpoint, payload, headers, message_id, held_reason,
+                                          queue_name, queue_message)
+    SELECT x.id, conveyor._queue_arn(x.queue_name, region, account), t.body, coalesce(t.headers, '{}'),
+           (m ->> 'message_id')::uuid,
+           format('SQS queue %s does not exist: held until it is created', quote_literal(x.queue_name)),
+           x.queue_name,
+           jsonb_strip_nulls(jsonb_build_object(
+               'body', t.body, 'headers', t.headers, 'content_type', t.content_type,
+               'group_id', CASE WHEN x.queue_name LIKE '%.fifo' THEN gid ELSE std_gid END,
+               'dedup_id', did, 'delay', delay, 'system_attributes', sys_attrs,
+               'content_hash', encode(sha256(convert_to(m ->> 'body', 'UTF8')), 'hex')))
+      FROM conveyor.subscriptions x
+      CROSS JOIN LATERAL conveyor._delivery(m, arn, env, x, region, account) t
+     WHERE x.id = ANY (ids) AND x.protocol = 'sqs' AND x.queue_id IS NULL
+     ORDER BY x.id;
+
+    PERFORM conveyor._wake(q, 1)
+       FROM conveyor.queues q
+      WHERE q.id IN (SELECT x.queue_id FROM conveyor.subscriptions x WHERE x.id = ANY (ids));
+
+    RETURN QUERY
+    SELECT coalesce((SELECT array_agg(q.name ORDER BY x.id)
+                       FROM conveyor.subscriptions x JOIN conveyor.queues q ON q.id = x.queue_id
+                      WHERE x.id = ANY (ids)), '{}'),
+           n_http, seqno, stored, to_seal;
+END $$;
+
+-- Every value an array holds, arrays nested in it flattened: what "any element" means.
+CREATE FUNCTION conveyor._fp_elements(v jsonb) RETURNS SETOF jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    WITH RECURSIVE e(x) AS (
+        SELECT v
+        UNION ALL
+        SELECT a FROM e, jsonb_array_elements(CASE WHEN jsonb_typeof(e.x) = 'array' THEN e.x ELSE '[]' END) a
+    )
+    SELECT x FROM e WHERE jsonb_typeof(x) IS DISTINCT FROM 'array'
+$$;
+
+-- The value a policy key reaches in a document (NULL: none). A key is looked up as it is;
+-- failing that, a dotted key as a path ("a.b" reaches {"a": {"b": ...}}), and the keys
+-- under it ("a" reaches {"a.b": ...} as {"b": ...}), as SNS reads payloads. Through an
+-- array the key reaches what it reaches in each element (an array of those).
+CREATE FUNCTION conveyor._fp_get(doc jsonb, k text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    i integer;
+    found jsonb;
+BEGIN
+    IF jsonb_typeof(doc) = 'array' THEN
+        SELECT jsonb_agg(g.v) INTO found
+          FROM conveyor._fp_elements(doc) e, LATERAL (SELECT conveyor._fp_get(e, k) AS v) g
+         WHERE g.v IS NOT NULL;
+        RETURN found;
+    END IF;
+    IF jsonb_typeof(doc) IS DISTINCT FROM 'object' THEN
+        RETURN NULL;
+    END IF;
+    IF doc ? k THEN
+        RETURN doc -> k;
+    END IF;
+    FOR i IN SELECT p FROM generate_series(1, length(k)) p WHERE substr(k, p, 1) = '.' LOOP
+        found := conveyor._fp_get(doc -> left(k, i - 1), substr(k, i + 1));
+        IF found IS NOT NULL THEN
+            RETURN found;
+        END IF;
+    END LOOP;
+    SELECT jsonb_object_agg(substr(key, length(k) + 2), value) INTO found
+      FROM jsonb_each(doc) WHERE starts_with(key, k || '.');
+    RETURN found;
+END $$;
+
+-- 0005's _fp_values; arrays nested in arrays are flattened.
+CREATE OR REPLACE FUNCTION conveyor._fp_values(conds jsonb, v jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM jsonb_array_elements(conds) c
+         WHERE CASE WHEN jsonb_typeof(c) = 'object' AND c ? 'exists'
+                        THEN coalesce(jsonb_typeof(v) <> 'null', false) = (c ->> 'exists')::boolean
+                    WHEN v IS NULL THEN false
+                    WHEN jsonb_typeof(v) = 'array'
+                        THEN EXISTS (SELECT 1 FROM conveyor._fp_elements(v) e WHERE conveyor._fp_scalar(c, e))
+                    ELSE conveyor._fp_scalar(c, v) END)
+$$;
+
+-- 0005's _fp_match; keys are looked up by _fp_get, and an object rule matches an array
+-- (nested arrays flattened) when one of its elements does.
+CREATE OR REPLACE FUNCTION conveyor._fp_match(policy jsonb, doc jsonb) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    rule jsonb;
+    v jsonb;
+BEGIN
+    FOR k, rule IN SELECT key, value FROM jsonb_each(policy) LOOP
+        IF k = '$or' AND jsonb_typeof(rule) = 'array' THEN
+            IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(rule) b WHERE conveyor._fp_match(b, doc)) THEN
+                RETURN false;
+            END IF;
+            CONTINUE;
+        END IF;
+        v := conveyor._fp_get(doc, k);
+        IF jsonb_typeof(rule) = 'object' THEN
+            IF jsonb_typeof(v) = 'array' THEN
+                IF NOT EXISTS (SELECT 1 FROM conveyor._fp_elements(v) e WHERE conveyor._fp_match(rule, e)) THEN
+                    RETURN false;
+                END IF;
+            ELSIF NOT conveyor._fp_match(rule, v) THEN
+                RETURN false;
+            END IF;
+        ELSIF NOT conveyor._fp_values(rule, v) THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END $$;
+
+REVOKE ALL ON FUNCTION conveyor._headers_size(jsonb), conveyor._move_tasks_destination_gone(),
+    conveyor._fp_elements(jsonb), conveyor._fp_get(jsonb, text) FROM PUBLIC;
