@@ -18,7 +18,16 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
 
-from support.sns_clients import ACCOUNT, REGION, error_code, receive_all, sns_client, status_code, unique
+from support.sns_clients import (
+    ACCOUNT,
+    REGION,
+    error_code,
+    receive_all,
+    sns_client,
+    status_code,
+    subscribe_http,
+    unique,
+)
 from support.sqs_clients import client as sqs_client
 
 pytestmark = pytest.mark.slow
@@ -218,7 +227,7 @@ def test_message_group_id_on_a_standard_topic(sns, sqs, make_topic, make_queue, 
     topic = make_topic()
     url_env, _ = _subscribe_queue(sns, make_queue, topic)
     url_raw, _ = _subscribe_queue(sns, make_queue, topic, RawMessageDelivery="true")
-    sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+    subscribe_http(sns, topic, endpoint)
     assert "SequenceNumber" not in sns.publish(TopicArn=topic, Message="one", MessageGroupId="tenant-1")
     result = sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=[
         {"Id": "a", "Message": "two", "MessageGroupId": "tenant-2"}, {"Id": "b", "Message": "three"}])

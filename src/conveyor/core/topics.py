@@ -135,6 +135,15 @@ async def subscription_set_attributes(conn: Connection, ref: SubscriptionRef,
                               row=types.Subscription)
 
 
+async def send_to_endpoint(conn: Connection, subscription: UUID, payload: str, headers: Mapping[str, str],
+                           message_id: UUID) -> int:
+    """Queue a message of the server's own making (SNS's SubscriptionConfirmation) for an
+    HTTP(S) subscription's endpoint, delivered by the webhook worker as any delivery is;
+    returns the outbox row's id."""
+    return int(await db.fetch_value(conn, "delivery_send", {
+        "subscription": subscription, "payload": payload, "headers": dict(headers), "message_id": message_id}))
+
+
 async def confirm(conn: Connection, ref: SubscriptionRef) -> types.Subscription:
     """Mark a subscription confirmed (SNS ConfirmSubscription); returns it."""
     return await subscription_set_attributes(conn, ref, {"confirmed": True})

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from conveyor import types
-from conveyor.core import receipts
+from conveyor.core import receipts, signing
 
 
 class Broker(Protocol):
@@ -52,6 +52,9 @@ class Broker(Protocol):
     @property
     def receipts(self) -> receipts.Keyring:
         """Makes and checks the receipts of queue deliveries (one key per database)."""
+
+    async def signer(self) -> signing.Signer | None:
+        """The SNS signing key (None: this database role may not read it)."""
 
     def topic_urls(self, base_url: str | None = None) -> types.TopicUrls:
         """ARN region/account and URLs for SNS envelopes; ``base_url`` (what the client

@@ -60,8 +60,11 @@ class Context(RegionScope):
 
     def _parse(self, arn: str | None, service: str, parameter: str) -> tuple[str, str]:
         """(region, resource) of an ARN of this account; SNS's errors otherwise."""
-        if not arn:
+        if arn is None:
             raise invalid(parameter)
+        elements = len(arn.split(":"))
+        if elements < 6:  # SNS's words for what is no ARN at all
+            raise invalid(parameter, f"An ARN must have at least 6 elements, not {elements}")
         match = _ARN.match(arn)
         if not match or match[1] != service:
             raise invalid(parameter)
@@ -86,11 +89,11 @@ class Context(RegionScope):
         region, resource = self._parse(arn, "sns", parameter)
         name, sep, key = resource.rpartition(":")
         if not sep or not name:
-            raise invalid(parameter)
+            raise invalid("SubscriptionId")  # a topic's ARN, not a subscription's: SNS's words
         try:
             return self.internal(name, region), uuid.UUID(key)
         except ValueError:
-            raise invalid(parameter) from None
+            raise invalid("SubscriptionId") from None
 
     def queue_from_endpoint(self, endpoint: str | None) -> str:
         """The stored name of the SQS queue an SQS subscription's Endpoint names: its ARN

@@ -68,6 +68,10 @@ _READ = {"ListTopics", "GetTopicAttributes", "ListSubscriptions", "ListSubscript
 _WRITE = {"Publish", "PublishBatch", "ConfirmSubscription"}
 ROLES = {action: "read" if action in _READ else "write" if action in _WRITE else "admin" for action in HANDLERS}
 
+# the links SNS puts in what it sends, which work without credentials: the subscription's
+# random id (UnsubscribeURL) or the confirmation token (SubscribeURL) is the capability
+_LINK_ACTIONS = ("Unsubscribe", "ConfirmSubscription")
+
 _SHAPE_MESSAGE = re.compile(r"^Value for parameter (.+) is invalid\. Reason: (.+)\.$")
 
 
@@ -77,7 +81,7 @@ def _is_unsubscribe_link(request: Request, body: bytes) -> bool:
     return (request.method == "GET" and not body and "x-amz-target" not in headers
             and "authorization" not in headers and not wire.is_json(headers)
             and sigv4.parse_query_scope(service.query_string(request)) is None
-            and request.query_params.get("Action") == "Unsubscribe")
+            and request.query_params.get("Action") in _LINK_ACTIONS)
 
 
 def _context(endpoint: service.Endpoint, request: Request, caller: service.Caller, call: wire.Call) -> Context:
@@ -110,7 +114,7 @@ async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> R
         call = service.read(SERVICE, request, body, request_id)
         if not anonymous:
             service.authorize(caller, ROLES[call.action], call.action, SnsError)
-        elif call.action != "Unsubscribe":  # cannot happen (the link's only field is its query)
+        elif call.action not in _LINK_ACTIONS:  # cannot happen (the link's only field is its query)
             raise SnsError("AuthorizationErrorException", "Only Unsubscribe may be called without credentials.")
         ctx = _context(endpoint, request, caller, call)
         return wire.result(call, await HANDLERS[call.action](ctx, call.params))

@@ -104,16 +104,17 @@ def default_policy(ctx: Context, topic: str) -> str:
     }, separators=(",", ":"))
 
 
-def render(ctx: Context, topic: types.Topic) -> dict[str, str]:
-    """GetTopicAttributes: what SNS returns for a topic."""
+def render(ctx: Context, topic: types.Topic, pending: int = 0) -> dict[str, str]:
+    """GetTopicAttributes: what SNS returns for a topic (``pending``: its subscriptions
+    waiting for confirmation)."""
     stored = {k: str(v) for k, v in (topic.attributes or {}).items() if v is not None}
     out = {
         "TopicArn": ctx.topic_arn(topic.name),
         "Owner": ctx.account_id,
         "Policy": default_policy(ctx, topic.name),
         "DisplayName": "",
-        "SubscriptionsConfirmed": str(topic.subscriptions),
-        "SubscriptionsPending": "0",
+        "SubscriptionsConfirmed": str(topic.subscriptions - pending),
+        "SubscriptionsPending": str(pending),
         "SubscriptionsDeleted": "0",
         "EffectiveDeliveryPolicy": EFFECTIVE_DELIVERY_POLICY,
     }  # SignatureVersion only when set, as SNS answers (unset, envelopes are signed with version 1)

@@ -18,6 +18,10 @@
 --    FIFO queues only (standard queues get none, as SNS delivers); filter policies on the
 --    body reach dotted keys (`"a.b"` is `{"a": {"b": ...}}` too) and arrays nested in
 --    arrays.
+-- 6. SNS (issue 27, item 14): deleting a queue keeps its subscriptions (they wait for the
+--    queue; meanwhile a subscription's RedrivePolicy dead-letter queue gets its messages);
+--    delivery_send puts a message of the server's making (a SubscriptionConfirmation)
+--    into an HTTP(S) subscription's outbox.
 
 ------------------------------------------------------------------------------------------
 -- 1. Message size
@@ -281,6 +285,43 @@ LANGUAGE sql IMMUTABLE AS $$
                            '"' || coalesce((SELECT E',\n  ' || field FROM fields WHERE o = 12), '') || E'\n}'] END
 $$;
 
+-- The stored name of the queue a subscription's RedrivePolicy names (NULL: none), as the
+-- SQS layer stores it: the queue's name in the default region, <region>:<name> elsewhere.
+CREATE FUNCTION conveyor._subscription_dlq(s conveyor.subscriptions, default_region text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN split_part(t.arn, ':', 4) = default_region THEN split_part(t.arn, ':', 6)
+                ELSE split_part(t.arn, ':', 4) || ':' || split_part(t.arn, ':', 6) END
+      FROM (SELECT conveyor._json_or_null(s.attributes ->> 'RedrivePolicy') ->> 'deadLetterTargetArn' AS arn) t
+     WHERE t.arn ~ '^arn:aws[a-z-]*:sqs:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_.-]+$'
+$$;
+
+-- A queue's deletion keeps the subscriptions that deliver to it (as SNS keeps them): they
+-- wait for a queue of that name, as a subscription to a queue not created yet does, and
+-- what is published meanwhile goes to their dead-letter queue, or is held.
+ALTER TABLE conveyor.subscriptions DROP CONSTRAINT subscriptions_queue_id_fkey;
+ALTER TABLE conveyor.subscriptions ADD CONSTRAINT subscriptions_queue_id_fkey
+    FOREIGN KEY (queue_id) REFERENCES conveyor.queues (id) ON DELETE SET NULL;
+
+-- Sends a message of the server's own making to an HTTP(S) subscription's endpoint
+-- through the outbox (SNS's SubscriptionConfirmation): claimed and retried as every
+-- delivery, whether or not the subscription is confirmed.
+CREATE FUNCTION conveyor.delivery_send(subscription uuid, payload text, headers jsonb, message_id uuid)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    s conveyor.subscriptions;
+    new_id bigint;
+BEGIN
+    SELECT * INTO s FROM conveyor.subscriptions x WHERE x.uuid = delivery_send.subscription;
+    IF s.id IS NULL OR s.endpoint IS NULL THEN
+        PERFORM conveyor._raise('CVV01', format('subscription %s does not exist or has no endpoint', subscription));
+    END IF;
+    INSERT INTO conveyor.http_deliveries (subscription_id, endpoint, payload, headers, message_id)
+    VALUES (s.id, s.endpoint, payload, coalesce(headers, '{}'), message_id)
+    RETURNING id INTO new_id;
+    RETURN new_id;
+END $$;
+
 -- 0010's topic_publish; the changes are marked by sys_attrs (a publish's system
 -- attributes, for every queue copy) and std_gid (the group standard queues get: none from
 -- a FIFO topic).
@@ -441,7 +482,24 @@ BEGIN
      ORDER BY x.id;
     GET DIAGNOSTICS n_http = ROW_COUNT;
 
-    -- queues not created yet: a held outbox row each, with what the queue will get
+    -- queues that do not exist, of subscriptions with a dead-letter queue (RedrivePolicy)
+    -- that does: the message goes there, as SNS dead-letters a delivery its queue cannot take
+    FOR f IN SELECT dq, t.body, t.headers, t.content_type
+               FROM conveyor.subscriptions x
+               CROSS JOIN LATERAL conveyor._delivery(m, arn, env, x, region, account) t
+               JOIN conveyor.queues dq ON dq.name = conveyor._subscription_dlq(x, region)
+              WHERE x.id = ANY (ids) AND x.protocol = 'sqs' AND x.queue_id IS NULL
+                AND NOT conveyor._encrypted(dq)
+              ORDER BY x.id LOOP
+        PERFORM conveyor._send(f.dq, jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+            'body', f.body, 'headers', f.headers, 'content_type', f.content_type,
+            'group_id', CASE WHEN (f.dq).fifo THEN gid ELSE std_gid END, 'system_attributes', sys_attrs,
+            'dedup_id', CASE WHEN (f.dq).fifo THEN coalesce(did, encode(sha256(convert_to(body, 'UTF8')), 'hex')) END))));
+        PERFORM conveyor._wake(f.dq, 1);
+    END LOOP;
+
+    -- queues not created yet (or deleted, without a dead-letter queue): a held outbox row
+    -- each, with what the queue will get
     INSERT INTO conveyor.http_deliveries (subscription_id, endpoint, payload, headers, message_id, held_reason,
                                           queue_name, queue_message)
     SELECT x.id, conveyor._queue_arn(x.queue_name, region, account), t.body, coalesce(t.headers, '{}'),
@@ -456,6 +514,8 @@ BEGIN
       FROM conveyor.subscriptions x
       CROSS JOIN LATERAL conveyor._delivery(m, arn, env, x, region, account) t
      WHERE x.id = ANY (ids) AND x.protocol = 'sqs' AND x.queue_id IS NULL
+       AND NOT EXISTS (SELECT 1 FROM conveyor.queues dq
+                        WHERE dq.name = conveyor._subscription_dlq(x, region) AND NOT conveyor._encrypted(dq))
      ORDER BY x.id;
 
     PERFORM conveyor._wake(q, 1)
@@ -559,4 +619,13 @@ BEGIN
 END $$;
 
 REVOKE ALL ON FUNCTION conveyor._headers_size(jsonb), conveyor._move_tasks_destination_gone(),
-    conveyor._fp_elements(jsonb), conveyor._fp_get(jsonb, text) FROM PUBLIC;
+    conveyor._fp_elements(jsonb), conveyor._fp_get(jsonb, text),
+    conveyor._subscription_dlq(conveyor.subscriptions, text),
+    conveyor.delivery_send(uuid, text, jsonb, uuid) FROM PUBLIC;
+
+DO $$
+BEGIN
+    GRANT EXECUTE ON FUNCTION conveyor.delivery_send(uuid, text, jsonb, uuid) TO conveyor_admin;
+EXCEPTION WHEN undefined_object THEN
+    RAISE WARNING 'conveyor: roles missing, grants skipped (%)', SQLERRM;
+END $$;
