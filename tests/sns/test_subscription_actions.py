@@ -34,15 +34,15 @@ def test_subscribe_queue_and_endpoints(sns, make_topic, make_queue):
     sub_h = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/a")["SubscriptionArn"]
     sub_s = sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https://hooks.example.com/b",
                           ReturnSubscriptionArn=True)["SubscriptionArn"]
-    for sub in (sub_q, sub_h, sub_s):  # confirmed at once: an ARN, never "pending confirmation"
-        assert sub.startswith(topic + ":")
+    assert sub_q.startswith(topic + ":") and sub_s.startswith(topic + ":")  # a queue's is confirmed at once
+    assert sub_h == "pending confirmation"  # an endpoint confirms first, as on SNS
     listed = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
     assert {(s["Protocol"], s["Endpoint"], s["SubscriptionArn"]) for s in listed} == {
-        ("sqs", queue_arn, sub_q), ("http", "http://hooks.example.com/a", sub_h),
-        ("https", "https://hooks.example.com/b", sub_s)}
+        ("sqs", queue_arn, sub_q), ("http", "http://hooks.example.com/a", "PendingConfirmation"),
+        ("https", "https://hooks.example.com/b", "PendingConfirmation")}
     assert all(s["TopicArn"] == topic and s["Owner"] == ACCOUNT for s in listed)
     attrs = sns.get_topic_attributes(TopicArn=topic)["Attributes"]
-    assert attrs["SubscriptionsConfirmed"] == "3" and attrs["SubscriptionsPending"] == "0"
+    assert attrs["SubscriptionsConfirmed"] == "1" and attrs["SubscriptionsPending"] == "2"
 
 
 def test_subscribe_is_idempotent_unless_attributes_differ(sns, make_topic, make_queue):
@@ -59,7 +59,9 @@ def test_subscribe_is_idempotent_unless_attributes_differ(sns, make_topic, make_
                              Attributes={"FilterPolicy": policy})["SubscriptionArn"]
     assert sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=other_queue,
                          Attributes={"FilterPolicy": policy})["SubscriptionArn"] == filtered
-    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn), "InvalidParameter",
+    assert sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)["SubscriptionArn"] == first  # no attributes
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
+                                 Attributes={"RawMessageDelivery": "false"}), "InvalidParameter",
            message="Invalid parameter: Attributes Reason: Subscription already exists with different attributes")
     assert len(sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]) == 2
 
@@ -100,11 +102,12 @@ def test_subscribe_errors(sns, make_topic, make_queue):
 
 def test_get_and_set_subscription_attributes(sns, make_topic, make_queue):
     topic = make_topic()
-    sub = sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https://hooks.example.com/x")["SubscriptionArn"]
+    sub = sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https://hooks.example.com/x",
+                        ReturnSubscriptionArn=True)["SubscriptionArn"]
     attrs = sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]
     assert attrs["SubscriptionArn"] == sub and attrs["TopicArn"] == topic and attrs["Protocol"] == "https"
     assert attrs["Endpoint"] == "https://hooks.example.com/x" and attrs["Owner"] == ACCOUNT
-    assert attrs["PendingConfirmation"] == "false" and attrs["ConfirmationWasAuthenticated"] == "true"
+    assert attrs["PendingConfirmation"] == "true" and attrs["ConfirmationWasAuthenticated"] == "true"
     assert attrs["RawMessageDelivery"] == "false"
     assert json.loads(attrs["EffectiveDeliveryPolicy"])["http"]["defaultHealthyRetryPolicy"]["numRetries"] == 4
     assert "FilterPolicy" not in attrs
@@ -132,38 +135,42 @@ def test_get_and_set_subscription_attributes(sns, make_topic, make_queue):
 
 def test_subscription_not_found_and_malformed_arns(sns, make_topic):
     topic = make_topic()
-    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/")["SubscriptionArn"]
+    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/",
+                        ReturnSubscriptionArn=True)["SubscriptionArn"]
     unknown = f"{topic}:00000000-0000-4000-8000-000000000000"
     _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=unknown), "NotFound", 404,
            "Subscription does not exist")
     other_topic = sub.replace(topic, make_topic())  # the right id under the wrong topic
     _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=other_topic), "NotFound", 404)
     _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=f"{topic}:not-a-uuid"), "InvalidParameter",
-           message="Invalid parameter: SubscriptionArn")
+           message="Invalid parameter: SubscriptionId")
     _fails(lambda: sns.set_subscription_attributes(SubscriptionArn="arn:nope", AttributeName="RawMessageDelivery",
                                                    AttributeValue="true"), "InvalidParameter")
     _fails(lambda: sns.unsubscribe(SubscriptionArn="pending confirmation"), "InvalidParameter")
 
 
-def test_unsubscribe_and_confirm(sns, make_topic, make_queue):
+def test_unsubscribe_and_confirm(sns, make_topic, make_queue, endpoint):
     topic = make_topic()
-    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/c")["SubscriptionArn"]
-    # Conveyor sends no SubscriptionConfirmation: any token confirms the topic's newest HTTP(S)
-    # subscription, a token naming a subscription (its id or ARN) that one
-    assert sns.confirm_subscription(TopicArn=topic, Token="whatever")["SubscriptionArn"] == sub
-    assert sns.confirm_subscription(TopicArn=topic, Token=sub.rsplit(":", 1)[1])["SubscriptionArn"] == sub
+    assert sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)["SubscriptionArn"] == \
+        "pending confirmation"
+    [request] = endpoint.wait_for(1)
+    assert request.headers["x-amz-sns-message-type"] == "SubscriptionConfirmation"
+    token = json.loads(request.body)["Token"]
+    missing = f"arn:aws:sns:{REGION}:{ACCOUNT}:{unique()}"
+    _fails(lambda: sns.confirm_subscription(TopicArn=missing, Token=token), "InvalidParameter",
+           message="Invalid parameter: Token")  # a token confirms on its own topic only
+    sub = sns.confirm_subscription(TopicArn=topic, Token=token)["SubscriptionArn"]
+    assert sub.startswith(topic + ":")
+    assert sns.confirm_subscription(TopicArn=topic, Token=token)["SubscriptionArn"] == sub  # again: the same
     _, queue_arn = make_queue()
     sub_q = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)["SubscriptionArn"]
-    assert sns.confirm_subscription(TopicArn=topic, Token=sub_q)["SubscriptionArn"] == sub_q
-    missing = f"arn:aws:sns:{REGION}:{ACCOUNT}:{unique()}"
-    _fails(lambda: sns.confirm_subscription(TopicArn=missing, Token="t"), "NotFound", 404)
 
     sns.unsubscribe(SubscriptionArn=sub)
     sns.unsubscribe(SubscriptionArn=sub)  # again: still fine
     assert [s["SubscriptionArn"] for s in sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]] == [sub_q]
     _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=sub), "NotFound", 404)
     empty = make_topic()
-    _fails(lambda: sns.confirm_subscription(TopicArn=empty, Token="t"), "InvalidParameter",
+    _fails(lambda: sns.confirm_subscription(TopicArn=empty, Token=token), "InvalidParameter",
            message="Invalid parameter: Token")
 
 
@@ -171,7 +178,7 @@ def test_list_subscriptions_pages_of_100(server, protocol):
     region = f"xx-subs-{protocol}"  # only this test's subscriptions live in this region
     sns = sns_client(server.url, protocol, region=region)
     topic = sns.create_topic(Name=unique())["TopicArn"]
-    arns = [sns.subscribe(TopicArn=topic, Protocol="https", Endpoint=f"https://hooks.example.com/{i}")[
+    arns = [sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=f"arn:aws:sqs:{region}:{ACCOUNT}:q{i}")[
         "SubscriptionArn"] for i in range(102)]
     first = sns.list_subscriptions()
     assert len(first["Subscriptions"]) == 100 and first["NextToken"]
