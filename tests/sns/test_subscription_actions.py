@@ -12,7 +12,16 @@ import httpx
 import pytest
 
 from support.server import ServerProcess
-from support.sns_clients import ACCOUNT, REGION, error_code, receive_all, sns_client, status_code, unique
+from support.sns_clients import (
+    ACCOUNT,
+    REGION,
+    error_code,
+    receive_all,
+    sns_client,
+    status_code,
+    subscribe_http,
+    unique,
+)
 from support.sqs_clients import client as sqs_client
 
 pytestmark = pytest.mark.slow
@@ -296,7 +305,7 @@ def test_a_reader_cannot_unsubscribe_and_only_the_endpoint_holds_its_link(roles_
     queue_url = sqs.create_queue(QueueName=queue)["QueueUrl"]
     sub_q = admin.subscribe(TopicArn=topic, Protocol="sqs",
                             Endpoint=f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue}")["SubscriptionArn"]
-    sub_h = admin.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)["SubscriptionArn"]
+    sub_h = subscribe_http(admin, topic, endpoint)  # confirmed by the endpoint, as on AWS
     assert _arns(reader, topic) == {sub_q, sub_h}  # a reader lists them (as on AWS)
 
     for arn in (sub_q, sub_h):
@@ -333,18 +342,22 @@ def test_authenticate_on_unsubscribe_locks_the_endpoints_link(roles_server, endp
     authenticated Unsubscribe removes the subscription, not the link it was delivered."""
     writer, admin = _as(roles_server, "write"), _as(roles_server, "admin")
     topic = admin.create_topic(Name=unique())["TopicArn"]
-    sub = admin.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)["SubscriptionArn"]
-    key = sub.rsplit(":", 1)[1]
-    _fails(lambda: writer.confirm_subscription(TopicArn=topic, Token=key, AuthenticateOnUnsubscribe="maybe"),
+    sub = admin.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url,
+                          ReturnSubscriptionArn=True)["SubscriptionArn"]
+    [confirmation] = endpoint.wait_for(1)  # the SubscriptionConfirmation and its token
+    token = json.loads(confirmation.body)["Token"]
+    with endpoint.lock:
+        endpoint.received.clear()
+    _fails(lambda: writer.confirm_subscription(TopicArn=topic, Token=token, AuthenticateOnUnsubscribe="maybe"),
            "InvalidParameter")
-    assert writer.confirm_subscription(TopicArn=topic, Token=key,
+    assert writer.confirm_subscription(TopicArn=topic, Token=token,
                                        AuthenticateOnUnsubscribe="true")["SubscriptionArn"] == sub
     admin.publish(TopicArn=topic, Message="locked")
     [request] = endpoint.wait_for(1)
     r = _link(roles_server, json.loads(request.body)["UnsubscribeURL"])
     assert r.status_code == 403 and "requires authentication to unsubscribe" in r.text, r.text
     # confirming again without the flag does not unlock it (as on AWS)
-    writer.confirm_subscription(TopicArn=topic, Token=key, AuthenticateOnUnsubscribe="false")
+    writer.confirm_subscription(TopicArn=topic, Token=token, AuthenticateOnUnsubscribe="false")
     assert _link(roles_server, json.loads(request.body)["UnsubscribeURL"]).status_code == 403
     assert _arns(admin, topic) == {sub}
     admin.unsubscribe(SubscriptionArn=sub)
