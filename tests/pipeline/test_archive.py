@@ -158,7 +158,8 @@ def test_a_killed_task_attempt_leaves_nothing_in_the_table(dsn, tmp_path):
     sql(dsn, "SELECT conveyor.message_send_batch('jobs', array(SELECT 'job ' || i FROM generate_series(1, 400) i))")
     sql(dsn, "SELECT conveyor.message_archive('jobs', array(SELECT i::bigint FROM generate_series(1, 400) i))")
     lake = tmp_path / "jobs"
-    common = ["--queue", "jobs", "--path", str(lake), "--once", "--json", "--partitions", "2"]
+    # two Spark tasks of 200 rows (a micro-batch this small is otherwise the driver's)
+    common = ["--queue", "jobs", "--path", str(lake), "--once", "--json", "--partitions", "2", "--rows-per-task", "200"]
     # run 1: the first attempt of both tasks of micro-batch 0 is SIGKILLed once it has
     # written its file (Spark retries the task: local[2,3]); then the driver is killed right
     # after the commit, before it could delete anything
@@ -190,11 +191,11 @@ def test_the_driver_collects_descriptions_of_files_not_rows(dsn, tmp_path):
     tick(dsn, "big")
     lake = tmp_path / "big"
     run = _cli(["--stream", "big", "--path", str(lake), "--once", "--json", "--master", "local[2]",
-                "--max-events", "100000", "--conf", "spark.driver.maxResultSize=1m"], dsn)
+                "--max-events", "100000", "--rows-per-task", "5000", "--conf", "spark.driver.maxResultSize=1m"], dsn)
     out, err = run.communicate(timeout=180)
     assert run.returncode == 0, err[-3000:]
     done = json.loads(out)
-    assert (done["batches"], done["rows"], done["files"]) == (1, 20_000, 4), done
+    assert (done["batches"], done["spark_batches"], done["rows"], done["files"]) == (1, 1, 20_000, 4), done
     assert len(set(_ids(lake))) == 20_000
 
 
