@@ -9,6 +9,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -243,3 +244,70 @@ def test_the_tables_read_as_they_did_and_take_on_where_the_driver_left_off(spark
         archive.run(spark, archive.ArchiveJob(dsn=dsn, path=tmp_path / "new" / "orders", queue="jobs",
                                               checkpoint=tmp_path / "cp-other"))
     assert DeltaTable(str(tmp_path / "new" / "orders")).version() == version
+
+
+def test_a_small_micro_batch_is_one_file_written_without_starting_spark(dsn, tmp_path):
+    """Issue 29, items 13 and 16: 4 rows were 4 files (one per task) after starting a
+    JVM. The driver writes a micro-batch of at most rows_per_task rows itself, one file
+    per date, and Spark is started only for a larger one."""
+    from conveyor.pipeline import session
+
+    sql(dsn, "SELECT conveyor.stream_create('orders')")
+    append(dsn, "orders", [f"order {i}" for i in range(4)])
+    lazy = session.Lazy("local[2]")
+    job = archive.ArchiveJob(dsn=dsn, path=tmp_path / "orders", stream="orders", rows_per_task=10)
+    small = archive.run(lazy, job)
+    assert (small.rows, small.files, small.spark_batches, lazy.session) == (4, 1, 0, None)
+    append(dsn, "orders", [f"more {i}" for i in range(30)])
+    assert archive.groups([], 10) == [[]]
+    try:
+        larger = archive.run(lazy, job)
+    finally:
+        lazy.stop()
+    assert (larger.rows, larger.spark_batches) == (30, 1) and 1 < larger.files <= job.partitions
+    assert len(set(_ids(job.path))) == 34
+
+
+def test_a_checkpoint_of_the_earlier_streaming_query_goes_on_where_it_stopped(dsn, tmp_path):
+    """Earlier versions ran a Structured Streaming query: its checkpoint (offsets/<id>,
+    commits/<id> in Spark's format) is where the archive goes on from."""
+    sql(dsn, "SELECT conveyor.queue_create('jobs')")
+    sql(dsn, "SELECT conveyor.message_send_batch('jobs', array(SELECT 'job ' || i FROM generate_series(1, 30) i))")
+    sql(dsn, "SELECT conveyor.message_archive('jobs', array(SELECT i::bigint FROM generate_series(1, 10) i))")
+    mark = sql(dsn, "SELECT conveyor.pipeline_archive_mark('jobs', true)")[0][0]
+    sql(dsn, "SELECT conveyor.message_archive('jobs', array(SELECT i::bigint FROM generate_series(11, 30) i))")
+    folder = tmp_path / "jobs" / "_checkpoint"
+    (folder / "offsets").mkdir(parents=True)
+    (folder / "commits").mkdir()
+    conf = '{"batchWatermarkMs":0,"batchTimestampMs":1795833821222,"conf":{"spark.sql.shuffle.partitions":"4"}}'
+    (folder / "offsets" / "0").write_text(f'v1\n{conf}\n{{"queue": "jobs", "mark": {mark}}}')
+    (folder / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    (folder / "metadata").write_text('{"id":"9af9c4e3-6bb5-498c-9a9b-e14bc2feb978"}')
+    done = archive.run(None, archive.ArchiveJob(dsn=dsn, path=tmp_path / "jobs", queue="jobs"))
+    assert done.rows == 20 and sorted(_ids(tmp_path / "jobs")) == list(range(11, 31))
+    assert (folder / "offsets" / "1").read_text().startswith("v1\n") and (folder / "commits" / "1").exists()
+
+
+def test_a_continuous_archive_reports_its_rate_and_what_is_waiting(dsn, tmp_path):
+    sql(dsn, "SELECT conveyor.stream_create('orders')")
+    append(dsn, "orders", [f"order {i}" for i in range(25)])
+    tick(dsn, "orders")
+    append(dsn, "orders", [f"order {i}" for i in range(25, 50)])
+    tick(dsn, "orders")
+    lines: list[str] = []
+    stop = threading.Event()
+    job = archive.ArchiveJob(dsn=dsn, path=tmp_path / "orders", stream="orders", once=False, interval=0.2,
+                             max_events=25)
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        if sum("this run" in x for x in lines) >= 2:
+            stop.set()
+
+    done = archive.run(None, job, progress=progress, stop=stop)
+    assert done.rows == 50 and done.batches == 2
+    # what is waiting is the planner's estimate (from the stream's id sequence, which may skip)
+    first = re.fullmatch(r"batch 0: 25 rows in 1 file in [\d.]+ m?s \([\d,.]+ rows/s, the driver\); 25 rows this run; "
+                         r"about (\d+) rows waiting", lines[1])
+    assert first and 25 <= int(first[1]) <= 35, lines[1]
+    assert re.fullmatch(r"batch 1: .*; 50 rows this run; about 0 rows waiting", lines[2]), lines

@@ -5,6 +5,7 @@ print progress on stderr. Needs the ``pipeline`` extra (PySpark, Java 17)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from pathlib import Path
@@ -122,7 +123,8 @@ def archive(obj: Any, stream: str | None, queue: str | None, path: Path, consume
 @click.option("--out", required=True, type=click.Path(path_type=Path), metavar="DIR",
               help="Where report.html, report.json and the charts go.")
 @click.option("--dead-letters/--no-dead-letters", default=True, show_default=True,
-              help="Count streams' dead letters from the database (needs --database-url / DATABASE_URL).")
+              help="Count streams' dead letters in the database (--database-url / DATABASE_URL, else the "
+                   "embedded one).")
 @_master
 @_conf
 @output.json_option
@@ -134,11 +136,10 @@ def report(obj: Any, lake: tuple[Path, ...], out: Path, dead_letters: bool, mast
 
     LAKE: Delta tables written by `conveyor pipeline archive`, or directories of them."""
     _, human, report_mod, session = _modules()
-    settings = obj.settings()
-    dsn = settings.database_url if dead_letters else None
     spark = _spark(session, master, conf)
     try:
-        figures = report_mod.build(spark.get(), list(lake), dsn=dsn, progress=output.note)
+        with (context.database_url(obj.settings()) if dead_letters else contextlib.nullcontext()) as dsn:
+            figures = report_mod.build(spark.get(), list(lake), dsn=dsn, progress=output.note)
     except errors.ConveyorError as exc:
         raise click.ClickException(exc.message) from None
     finally:
@@ -148,6 +149,16 @@ def report(obj: Any, lake: tuple[Path, ...], out: Path, dead_letters: bool, mast
 
     files = render.write(figures, out)
     output.emit(figures.to_json() | {"files": {k: str(v) for k, v in files.items()}}, obj.as_json,
-                lambda: "\n".join([f"report: {files['html']}", f"figures: {files['json']}", *(
-                    f"{s.kind} {s.name}: {s.messages:,} total, p50 {s.latency_ms.get('p50', '-')} ms, "
-                    f"p99 {s.latency_ms.get('p99', '-')} ms" for s in figures.sources)]))
+                lambda: "\n".join([f"report: {files['html']}", f"figures: {files['json']}",
+                                   *(_summary(human, s) for s in figures.sources)]))
+
+
+def _summary(human: Any, s: Any) -> str:
+    """One source's line: its count and latencies, saying what they measure."""
+    def pcts(values: dict[str, float]) -> str:
+        return ", ".join(f"{k} {human.milliseconds(values[k])}" for k in ("p50", "p99") if k in values) or "-"
+
+    line = f"{s.kind} {s.name}: {human.count(s.messages, 'message' if s.kind == 'queue' else 'event')}"
+    if s.kind == "queue":
+        return f"{line}; enqueue to first delivery {pcts(s.first_delivery_ms)}; enqueue to ack {pcts(s.latency_ms)}"
+    return f"{line}; append to archive {pcts(s.latency_ms)} (when the archive ran)"

@@ -155,7 +155,7 @@ def groups(parts: Sequence[slices.Slice], rows_per_task: int) -> list[list[slice
     """The slices of a micro-batch in tasks of at least about ``rows_per_task`` rows (by
     the planner's estimates), in order; one group when the whole is that small."""
     n = max(1, min(len(parts), math.ceil(sum(p.rows for p in parts) / rows_per_task)))
-    size = math.ceil(len(parts) / n)
+    size = max(1, math.ceil(len(parts) / n))
     return [list(parts[i:i + size]) for i in range(0, len(parts), size)] or [[]]
 
 
@@ -204,21 +204,21 @@ def _session(spark: Any) -> Any:
 
 
 def _archive(spark: Any, reader: Any, job: ArchiveJob, rid: str, batch_id: int, start: dict[str, Any],
-             end: dict[str, Any], result: ArchiveResult, progress: Callable[[str], None]) -> None:
+             end: dict[str, Any], result: ArchiveResult, progress: Callable[[str], None]) -> str | None:
     """Micro-batch ``batch_id``: its files written and committed as one Delta commit (or
-    skipped, if a run before a crash had committed it)."""
+    skipped, if a run before a crash had committed it). Returns what to report of it."""
     started = time.monotonic()
     done = lake.committed(job.path, rid)
     if done is not None and done >= batch_id:
         _skip(job, rid, batch_id, result, progress)
-        return
+        return None
     faults = _faults(batch_id)
     files, on_spark = _write_files(spark, reader, job, rid, batch_id, start, end, kill="kill-task" in faults)
     if not files:
-        return
+        return None
     if not lake.commit_files(job.path, files, rid, batch_id, {"conveyor.source": job.source}):
         _skip(job, rid, batch_id, result, progress)  # committed meanwhile: what was just written goes
-        return
+        return None
     if "kill-after-commit" in faults:
         os.kill(os.getpid(), signal.SIGKILL)
     result.swept += _sweep(job, rid, batch_id, files)
@@ -228,9 +228,9 @@ def _archive(spark: Any, reader: Any, job: ArchiveJob, rid: str, batch_id: int, 
     result.rows += rows
     result.files += len(files)
     took = time.monotonic() - started
-    progress(f"batch {batch_id}: {human.count(rows, 'row')} in {human.count(len(files), 'file')} in "
-             f"{human.duration(took)} ({human.rate(rows, took)}, {'Spark tasks' if on_spark else 'the driver'}); "
-             f"{human.count(result.rows, 'row')} this run")
+    return (f"batch {batch_id}: {human.count(rows, 'row')} in {human.count(len(files), 'file')} in "
+            f"{human.duration(took)} ({human.rate(rows, took)}, {'Spark tasks' if on_spark else 'the driver'}); "
+            f"{human.count(result.rows, 'row')} this run")
 
 
 def _skip(job: ArchiveJob, rid: str, batch_id: int, result: ArchiveResult, progress: Callable[[str], None]) -> None:
@@ -275,19 +275,18 @@ def run(spark: Any, job: ArchiveJob, progress: Callable[[str], None] = lambda _:
         began = time.monotonic()
         end = replay if replay is not None else reader.latestOffset(start, limit)
         replay = None
+        if end == start and job.once:
+            break
         if end != start:
             log.plan(batch_id, end)
-            _archive(spark, reader, job, rid, batch_id, start, end, result, progress)
+            line = _archive(spark, reader, job, rid, batch_id, start, end, result, progress)
             log.commit(batch_id)
             reader.commit(end)
             result.end_offset = end
             start, batch_id = end, batch_id + 1
-        elif job.once:
-            break
+            if line is not None:  # continuously: and how far behind the source it is
+                progress(line if job.once else f"{line}; about {human.count(_waiting(reader, start), 'row')} waiting")
         if not job.once:
-            waiting = _waiting(reader, start)
-            if end != start:
-                progress(f"{human.count(waiting, 'row')} waiting")
             _sleep(stop, job.interval - (time.monotonic() - began))
     table = lake.open_table(job.path)
     result.table_version = table.version() if table is not None else None

@@ -110,6 +110,12 @@ SELECT d.id, d.ev_id, d.consumer, d.dead_at, d.reason, d.ev_type, d.ev_data, d.e
    AND (%(max_id)s::bigint IS NULL OR d.id < %(max_id)s::bigint)
  ORDER BY d.id
 
+-- The stream's events dead-lettered by any consumer (each counted once); no row: no such stream.
+-- name: pipeline_stream_dead_letter_events
+SELECT (SELECT count(DISTINCT d.ev_id) FROM conveyor.stream_dead_letters d WHERE d.stream_id = s.id)
+  FROM conveyor.streams s
+ WHERE s.name = %(stream)s::text
+
 -- name: pipeline_stream_position
 SELECT conveyor.pipeline_stream_position(%(stream)s::text, %(consumer)s::text, %(start)s::text)
 
