@@ -64,13 +64,12 @@ SELECT stream AS source, count(*) AS messages,
   FROM stream_events GROUP BY stream ORDER BY stream
 """
 
-_PER_MINUTE_SQL = """
-SELECT 'queue' AS kind, queue AS source, date_trunc('minute', archived_at) AS minute, count(*) AS n
-  FROM queue_archive GROUP BY 1, 2, 3
-UNION ALL
-SELECT 'stream', stream, date_trunc('minute', created_at), count(*) FROM stream_events GROUP BY 1, 2, 3
-ORDER BY 1, 2, 3
-"""
+_PER_MINUTE_SQL = {  # a SELECT per kind, UNION ALL of those with tables
+    "queue": "SELECT 'queue' AS kind, queue AS source, date_trunc('minute', archived_at) AS minute, count(*) AS n "
+             "FROM queue_archive GROUP BY 1, 2, 3",
+    "stream": "SELECT 'stream' AS kind, stream AS source, date_trunc('minute', created_at) AS minute, count(*) AS n "
+              "FROM stream_events GROUP BY 1, 2, 3",
+}
 
 
 @dataclass
@@ -139,13 +138,17 @@ def _views(spark: Any, tables: Sequence[Path]) -> dict[str, list[Path]]:
     for table in tables:
         by_kind[_kind(table)].append(table)
     for kind, view, schema in (("queue", "queue_archive", _QUEUE_SCHEMA), ("stream", "stream_events", _STREAM_SCHEMA)):
-        frame = spark.createDataFrame([], schema)
+        frame = None
         for table in by_kind[kind]:
             files = lake.live_files(table)
             if files:
                 read = spark.read.schema(schema).option("basePath", str(table)).parquet(*files)
-                frame = frame.unionByName(read.select(*frame.columns))
-        frame.createOrReplaceTempView(view)
+                read = read.select(*(f.split()[0] for f in schema.split(", ")))
+                frame = read if frame is None else frame.unionByName(read)
+        if frame is None:  # no rows of this kind: its figures are skipped, not computed over nothing
+            by_kind[kind] = []
+        else:
+            frame.createOrReplaceTempView(view)
     return by_kind
 
 
@@ -188,19 +191,21 @@ def build(spark: Any, paths: Sequence[str | Path], dsn: str | None = None,
     if not tables:
         raise errors.InvalidInput(f"no Delta tables found in {', '.join(map(str, paths))}")
     progress(f"reading {len(tables)} table(s)")
-    _views(spark, tables)
+    kinds = _views(spark, tables)
     pcts = ", ".join(str(p) for p in PERCENTILES)
     sources: list[SourceFigures] = []
-    progress("computing queue figures")
-    for r in spark.sql(_QUEUE_SQL.format(pcts=pcts)).collect():
+    if kinds["queue"]:
+        progress("computing queue figures")
+    for r in spark.sql(_QUEUE_SQL.format(pcts=pcts)).collect() if kinds["queue"] else []:
         sources.append(SourceFigures(
             kind="queue", name=r.source, messages=r.messages, latency_ms=_latency(r.latency),
             retried=r.retried, retries=r.retries, retry_rate=_rate(r.retried, r.messages) or 0.0,
             dead_lettered=r.dead_lettered, dead_letter_rate=_rate(r.dead_lettered, r.messages + r.via_dead_letter_queue),
             first_at=r.first_at, last_at=r.last_at, latency_measures=QUEUE_LATENCY,
             first_delivery_ms=_latency(r.first_delivery)))
-    progress("computing stream figures")
-    for r in spark.sql(_STREAM_SQL.format(pcts=pcts)).collect():
+    if kinds["stream"]:
+        progress("computing stream figures")
+    for r in spark.sql(_STREAM_SQL.format(pcts=pcts)).collect() if kinds["stream"] else []:
         dead = _stream_dead_letters(dsn, r.source) if dsn else None
         figures = SourceFigures(
             kind="stream", name=r.source, messages=r.messages, latency_ms=_latency(r.latency),
@@ -214,7 +219,8 @@ def build(spark: Any, paths: Sequence[str | Path], dsn: str | None = None,
         sources.append(figures)
     progress("computing throughput per minute")
     per_minute: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in spark.sql(_PER_MINUTE_SQL).collect():
+    selects = [_PER_MINUTE_SQL[kind] for kind in ("queue", "stream") if kinds[kind]]
+    for r in spark.sql(" UNION ALL ".join(selects) + " ORDER BY 1, 2, 3").collect() if selects else []:
         per_minute.setdefault((r.kind, r.source), []).append({"minute": r.minute, "count": r.n})
     for s in sources:
         s.throughput_per_minute = per_minute.get((s.kind, s.name), [])
