@@ -22,7 +22,7 @@ from pyspark.sql.datasource import InputPartition
 
 from conveyor import errors
 from conveyor.db import sync
-from conveyor.spark import offsets, rows
+from conveyor.spark import offsets, rows, sources
 from conveyor.spark.options import Options
 
 
@@ -111,6 +111,41 @@ def pqueue_partitions(conn: sync.Connection, queue: str) -> dict[str, offsets.Pa
     return {name: offsets.Partition(int(pid), int(head)) for _, pid, name, head in found if pid is not None}
 
 
+def pqueue_positions_at(conn: sync.Connection, options: Options, parts: Mapping[str, offsets.Partition]) -> dict[str, int]:
+    """Per partition, the position before its first message created at or after the
+    time asked (startingOffsetsByTimestamp for the partitions it names, else
+    startingTimestamp; neither: the beginning)."""
+    named = dict(options.timestamps.positions) if options.timestamps is not None else {}
+    unknown = sorted(set(named) - set(parts))
+    if unknown:
+        raise errors.InvalidInput(f"option startingOffsetsByTimestamp names partition {unknown[0]!r}, which the "
+                                  f"partitioned queue {options.partitioned_queue!r} does not have")
+    ats = {name: named.get(name, options.starting_timestamp) for name in parts}
+    asked = {name: at for name, at in ats.items() if at is not None}
+    found = dict(sync.fetch_all(conn, "pipeline_pqueue_positions_at", {
+        "partition_ids": [parts[n].id for n in asked], "ats": list(asked.values())})) if asked else {}
+    return {name: int(found[p.id]) if name in asked else 0 for name, p in parts.items()}
+
+
+def pqueue_lost(conn: sync.Connection, parts: Mapping[str, offsets.Partition], start: Mapping[str, int],
+                end: Mapping[str, int]) -> dict[str, int]:
+    """Per partition, the messages of (start, end] that are gone from its beginning
+    (removed by retention or a clear before they were read); none: {}."""
+    ranges = {name: (start.get(name, 0), through) for name, through in end.items()
+              if through > start.get(name, 0) and name in parts}
+    if not ranges:
+        return {}
+    kept = dict(sync.fetch_all(conn, "pipeline_pqueue_first_kept", {
+        "partition_ids": [parts[n].id for n in ranges], "afters": [r[0] for r in ranges.values()]}))
+    lost: dict[str, int] = {}
+    for name, (after, through) in ranges.items():
+        first = kept.get(parts[name].id)
+        gone = (through if first is None else min(int(first) - 1, through)) - after
+        if gone > 0:
+            lost[name] = gone
+    return lost
+
+
 def pqueue_slices(options: Options, parts: Mapping[str, offsets.Partition], start: Mapping[str, int],
                   end: Mapping[str, int]) -> list[Slice]:
     """The messages of each partition after its ``start`` position through its ``end``."""
@@ -123,7 +158,10 @@ def pqueue_slices(options: Options, parts: Mapping[str, offsets.Partition], star
 
 
 def plan(options: Options) -> list[Slice]:
-    """The partitions of a batch read (the whole of what the options name)."""
+    """The partitions of a batch read (the whole of what the options name; several
+    sources: theirs, one after the other)."""
+    if options.several:
+        return [part for name in sources.names(options) for part in plan(sources.one(options, name))]
     with sync.connect(options.dsn) as conn:
         if options.partitioned_queue is not None:
             return _plan_pqueue(conn, options)
@@ -172,7 +210,10 @@ def _plan_pqueue(conn: sync.Connection, options: Options) -> list[Slice]:
         raise errors.InvalidInput("option startingOffsets cannot be latest (-1) in a batch read: it would read nothing")
     parts = pqueue_partitions(conn, queue)
     heads = {name: p.head for name, p in parts.items()}
-    start = offsets.resolve(start_spec, heads, queue, "startingOffsets")
+    if options.starting_timestamp is not None or options.timestamps is not None:
+        start = pqueue_positions_at(conn, options, parts)
+    else:
+        start = offsets.resolve(start_spec, heads, queue, "startingOffsets")
     end = offsets.resolve(options.ending_offsets or offsets.Spec(offsets.LATEST), heads, queue, "endingOffsets")
     backwards = sorted(name for name in heads if end[name] < start[name])
     if backwards:
@@ -189,6 +230,6 @@ def read(options: Options, part: Slice) -> Iterator[pa.RecordBatch]:
         else:
             batches = sync.fetch_batches(conn, part.query, part.params)
         for chunk in batches:
-            got = chunk if options.partitioned_queue is None else rows.opened(options.fields, chunk,
+            got = chunk if options.partitioned_queue is None else rows.opened(options.row_fields, chunk,
                                                                                options.encryption_keys)
-            yield rows.to_batch(options.fields, part.name, got)
+            yield rows.to_batch(options.row_fields, part.name, got, options.fields)
