@@ -214,9 +214,9 @@ def _partitioned(raw: Mapping[str, str], dsn: str, name: str, env: Mapping[str, 
                                   f"queue, got {kind!r}")
     # checked for the widest use here (a streaming start may be latest); readers narrow it
     start, end, by_time = raw.get("startingoffsets"), raw.get("endingoffsets"), raw.get("startingoffsetsbytimestamp")
-    if [start, by_time, raw.get("startingtimestamp")].count(None) < 2:
-        raise errors.InvalidInput("give at most one of startingOffsets, startingOffsetsByTimestamp and "
-                                  "startingTimestamp")
+    if start is not None and (by_time is not None or "startingtimestamp" in raw):
+        raise errors.InvalidInput("give startingOffsets or a start by time (startingOffsetsByTimestamp, "
+                                  "startingTimestamp), not both")
 
     def spec(text: str | None, label: str, default: int, allowed: tuple[int, ...]) -> offsets.Spec | None:
         several = not name or "," in name
