@@ -311,3 +311,24 @@ def test_a_continuous_archive_reports_its_rate_and_what_is_waiting(dsn, tmp_path
                          r"about (\d+) rows waiting", lines[1])
     assert first and 25 <= int(first[1]) <= 35, lines[1]
     assert re.fullmatch(r"batch 1: .*; 50 rows this run; about 0 rows waiting", lines[2]), lines
+
+
+def test_compact_merges_small_files_and_vacuum_deletes_what_no_version_lists(dsn, tmp_path):
+    sql(dsn, "SELECT conveyor.stream_create('orders')")
+    job = archive.ArchiveJob(dsn=dsn, path=tmp_path / "orders", stream="orders")
+    for n in range(3):
+        append(dsn, "orders", [f"order {n}-{i}" for i in range(5)])
+        archive.run(None, job)
+    stray = tmp_path / "orders" / "date=2000-01-01" / "part-stray.snappy.parquet"
+    stray.parent.mkdir()
+    stray.write_bytes(b"left by a killed task")
+    before = _ids(job.path)
+    proc = subprocess.run([sys.executable, "-m", "conveyor", "--json", "pipeline", "compact", "--path", str(job.path),
+                           "--retention-hours", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    done = json.loads(proc.stdout)
+    assert (done["files_replaced"], done["files_added"]) == (3, 1) and done["files_deleted"] >= 4, done
+    assert sorted(_ids(job.path)) == sorted(before) and len(_listed(job.path)) == 1
+    assert _on_disk(job.path) == _listed(job.path) and not stray.exists()
+    append(dsn, "orders", ["after"])
+    assert archive.run(None, job).rows == 1 and len(_ids(job.path)) == 16  # the archive goes on

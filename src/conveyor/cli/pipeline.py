@@ -119,6 +119,31 @@ def archive(obj: Any, stream: str | None, queue: str | None, path: Path, consume
 
 
 @pipeline.command()
+@click.option("--path", "path", required=True, type=click.Path(exists=True, path_type=Path), metavar="DIR",
+              help="The Delta table (written by `pipeline archive`).")
+@click.option("--retention-hours", default=168, show_default=True, metavar="N",
+              help="Keep the files of versions younger than N hours (time travel); older unlisted files go.")
+@output.json_option
+@click.pass_obj
+def compact(obj: Any, path: Path, retention_hours: int) -> None:
+    """Merge a table's small files and delete the ones no recent version lists (delta-rs
+    optimize + vacuum; no Spark). Safe while an archive appends."""
+    try:
+        from conveyor.pipeline import human, lake
+    except ImportError as exc:
+        raise click.ClickException(f"the pipeline needs the 'pipeline' extra: {exc}") from None
+    if retention_hours < 0:
+        raise click.BadParameter("must be at least 0", param_hint="--retention-hours")
+    try:
+        done = lake.compact(path, retention_hours)
+    except errors.ConveyorError as exc:
+        raise click.ClickException(exc.message) from None
+    output.emit({"path": str(path), **done}, obj.as_json,
+                f"{path}: {human.count(done['files_replaced'], 'file')} merged into {done['files_added']}, "
+                f"{human.count(done['files_deleted'], 'file')} deleted")
+
+
+@pipeline.command()
 @click.argument("lake", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--out", required=True, type=click.Path(path_type=Path), metavar="DIR",
               help="Where report.html, report.json and the charts go.")
