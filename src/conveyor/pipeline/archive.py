@@ -26,8 +26,8 @@ a micro-batch whose driver died before its commit) are invisible to every Delta 
 Their names carry the run and the micro-batch id, and they are deleted once that
 micro-batch is in the table: right after its commit, or when its replay is skipped.
 Files of a run whose checkpoint was thrown away before it replayed, or finished after the
-sweep by an attempt Spark had given up on, are only removed by ``lake.vacuum`` (delta-rs),
-which deletes unlisted files past a retention period.
+sweep by an attempt Spark had given up on, are only removed by ``lake.compact`` (delta-rs
+vacuum), which deletes unlisted files past a retention period.
 
 ``once`` is Trigger.AvailableNow: everything there is when the run starts, in
 micro-batches of at most ``max_events``, then stop. Otherwise a micro-batch starts every
@@ -260,7 +260,14 @@ def run(spark: Any, job: ArchiveJob, progress: Callable[[str], None] = lambda _:
         stop: threading.Event | None = None) -> ArchiveResult:
     """Archive until everything there was at the start is in the table (``once``) or
     ``stop`` is set. ``spark``: a session, or a session.Lazy (started only if a
-    micro-batch is larger than ``rows_per_task``)."""
+    micro-batch is larger than ``rows_per_task``), or None: a local one started if
+    needed and stopped at the end."""
+    if spark is None:
+        own = session.Lazy()
+        try:
+            return run(own, job, progress, stop)
+        finally:
+            own.stop()
     rid = run_id(job)
     result = ArchiveResult()
     started = time.monotonic()
