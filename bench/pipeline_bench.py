@@ -31,7 +31,8 @@ warm session (seconds per micro-batch).
 Steady rate, another way (--steady A B; --steady with no numbers skips it): the CLI
 `conveyor pipeline archive --once` (its own process, local[2]) of a new stream of A events,
 then of B events appended after it (incremental, the same table and consumer): the JVM's
-start and the job's set-up cancel in B / (t2 - t1). --rounds times, trees alternated.
+start and the job's set-up cancel in B / (median t2 - median t1), the medians over --rounds
+rounds, trees alternated (a round's own t2 - t1 is at the mercy of one JVM start's noise).
 Small work (--rounds times, trees alternated, after a warm-up round): a bare local Spark
 session started and stopped (`SparkSession.builder...getOrCreate(); stop()`, a process of
 its own), an incremental `archive --once` of 1 event (CLI, local[*]), and `report` over a
@@ -197,9 +198,9 @@ def conveyor(dsn: str, *args: str) -> list[str]:
 
 
 def steady(dsn: str, work: Path, trees: list[tuple[str, str | None]], first: int, then: int, rounds: int,
-           timeout: float) -> dict[str, list[float]]:
-    """Per tree, ``then / (t2 - t1)`` of each round (rows/s)."""
-    rates: dict[str, list[float]] = {label: [] for label, _ in trees}
+           timeout: float) -> dict[str, list[tuple[float, float]]]:
+    """Per tree, (t1, t2) of each round: the seconds of the first run and of the second."""
+    rates: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in trees}
     for r in range(rounds):
         for label, tree in trees:
             stream = f"steady_{r}_{uuid.uuid4().hex[:6]}"
@@ -209,7 +210,7 @@ def steady(dsn: str, work: Path, trees: list[tuple[str, str | None]], first: int
             t1 = timed(job, tree, timeout)
             append_events(dsn, stream, then)
             t2 = timed(job, tree, timeout)
-            rates[label].append(then / max(t2 - t1, 1e-3))
+            rates[label].append((t1, t2))
     return rates
 
 
@@ -243,16 +244,16 @@ def small_work(dsn: str, work: Path, trees: list[tuple[str, str | None]], rounds
     return seconds
 
 
-def report_cli(steady_rates: dict[str, list[float]], small: dict[str, dict[str, list[float]]], copy_rate: float,
-               first: int, then: int) -> None:
+def report_cli(steady_rates: dict[str, list[tuple[float, float]]], small: dict[str, dict[str, list[float]]],
+               copy_rate: float, first: int, then: int) -> None:
     if steady_rates:
-        print(f"\nsteady rate: `archive --once` of {first:,} events, then of {then:,} more (CLI, local[2]): "
-              f"{then:,} / (t2 - t1), median of {len(next(iter(steady_rates.values())))} round(s)")
-        print(f"{'':18}{'rows/s':>10}{'x COPY':>9}   rounds")
-        for label, rates in steady_rates.items():
-            median = statistics.median(rates)
-            print(f"{label or 'this tree':18}{median:>10,.0f}{median / copy_rate:>9.2f}   "
-                  f"{', '.join(f'{r:,.0f}' for r in rates)}")
+        print(f"\nsteady rate: `archive --once` of {first:,} events (t1), then of {then:,} more (t2) (CLI, local[2]): "
+              f"{then:,} / (median t2 - median t1), {len(next(iter(steady_rates.values())))} round(s)")
+        print(f"{'':18}{'t1 s':>7}{'t2 s':>7}{'rows/s':>10}{'x COPY':>9}")
+        for label, runs in steady_rates.items():
+            t1, t2 = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            rate = then / (t2 - t1) if t2 > t1 else float("inf")
+            print(f"{label or 'this tree':18}{t1:>7.1f}{t2:>7.1f}{rate:>10,.0f}{rate / copy_rate:>9.2f}")
     if small:
         print("\nsmall work (CLI, local[*]): seconds, median; ratio to a bare session start+stop of the same round")
         print(f"{'':18}{'bare':>7}{'archive 1':>11}{'ratio':>7}{'report 4':>10}{'ratio':>7}")
