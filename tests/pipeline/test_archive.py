@@ -337,7 +337,7 @@ def test_compact_merges_small_files_and_vacuum_deletes_what_no_version_lists(dsn
 def test_status_shows_the_archive_consumer_as_the_pipelines(dsn, tmp_path):
     """Issue 29, item 15: the archive's consumer showed growing lag in `status` as if it
     were an application's."""
-    from support.cli import ok_json, run
+    from support.cli import ok, ok_json, run
 
     sql(dsn, "SELECT conveyor.stream_create('orders')")
     sql(dsn, "SELECT conveyor.stream_subscribe('orders', 'billing')")
@@ -345,3 +345,4 @@ def test_status_shows_the_archive_consumer_as_the_pipelines(dsn, tmp_path):
     archive.run(None, archive.ArchiveJob(dsn=dsn, path=tmp_path / "orders", stream="orders"))
     consumers = {c["consumer"]: c["role"] for c in ok_json(run(dsn, "status", "--json"))["consumers"]}
     assert consumers == {"billing": "", "conveyor-archive": "pipeline archive"}
+    assert "conveyor-archive (pipeline archive)" in ok(run(dsn, "status"))

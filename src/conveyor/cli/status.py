@@ -43,8 +43,7 @@ PIPELINE_CONSUMER = "conveyor-archive"
 
 _CONSUMER_COLUMNS = [
     Column("STREAM", "stream"),
-    Column("CONSUMER", "consumer"),
-    Column("ROLE", "role"),
+    Column("CONSUMER", lambda row: f"{row['consumer']} ({row['role']})" if row.get("role") else row["consumer"]),
     Column("LAG", "lag", output.duration, right=True),
     Column("PENDING", "pending_events"),
     Column("OPEN BATCH", "batch_id", right=True),
