@@ -5,6 +5,7 @@ micro-batch size.
 
     ./bin/bench pipeline_bench.py [--rows 200000] [--max-events 100000] [--repeat 3]
                                   [--sizes 10000 100000 400000] [--small 1000] [--no-cluster]
+                                  [--steady 20000 200000] [--rounds 3]
                                   [--tree before=/path/to/old/src --tree after=src]
 
 Throughput: a stream of --rows events (100-byte payloads), a tick every 10,000 events
@@ -27,8 +28,19 @@ that size needed. In local mode the JVM also runs the tasks; on the cluster it i
 driver alone.
 Fixed cost: the smallest of --sizes again, in micro-batches of --small events, in the
 warm session (seconds per micro-batch).
---tree LABEL=SRC runs the Spark children on that source tree (PYTHONPATH=SRC); given more
-than once, each master runs each tree in turn, side by side in one run (before/after).
+Steady rate, another way (--steady A B; --steady with no numbers skips it): the CLI
+`conveyor pipeline archive --once` (its own process, local[2]) of a new stream of A events,
+then of B events appended after it (incremental, the same table and consumer): the JVM's
+start and the job's set-up cancel in B / (median t2 - median t1), the medians over --rounds
+rounds, trees alternated (a round's own t2 - t1 is at the mercy of one JVM start's noise).
+Small work (--rounds times, trees alternated, after a warm-up round): a bare local Spark
+session started and stopped (`SparkSession.builder...getOrCreate(); stop()`, a process of
+its own), an incremental `archive --once` of 1 event (CLI, local[*]), and `report` over a
+table of 4 events (CLI, local[*]); each as wall time and as a ratio to the bare session of
+the same round (median of the rounds' ratios).
+--tree LABEL=SRC runs the Spark children and the CLI on that source tree (PYTHONPATH=SRC);
+given more than once, each master runs each tree in turn, side by side in one run
+(before/after).
 Everything is bounded: --rows and --sizes at most 2,000,000, each child at most --timeout
 seconds, the cluster's start at 60 s.
 """
@@ -163,6 +175,97 @@ def run_spark(master: str, tree: str | None, dsn: str, work: Path, sizes: list[i
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# -- the CLI, timed: steady rate and small work ---------------------------------------------------
+
+BARE = ("from pyspark.sql import SparkSession\n"
+        "SparkSession.builder.master('local[*]').config('spark.ui.enabled', 'false')"
+        ".config('spark.driver.host', '127.0.0.1').config('spark.driver.bindAddress', '127.0.0.1')"
+        ".getOrCreate().stop()")
+
+
+def timed(args: list[str], tree: str | None, timeout: float) -> float:
+    """Wall seconds of a child process (PYTHONPATH=``tree``); it must succeed."""
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **({"PYTHONPATH": tree} if tree else {})}
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{args} failed:\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - started
+
+
+def conveyor(dsn: str, *args: str) -> list[str]:
+    return ["-m", "conveyor", "--database-url", dsn, "pipeline", *args]
+
+
+def steady(dsn: str, work: Path, trees: list[tuple[str, str | None]], first: int, then: int, rounds: int,
+           timeout: float) -> dict[str, list[tuple[float, float]]]:
+    """Per tree, (t1, t2) of each round: the seconds of the first run and of the second."""
+    rates: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in trees}
+    for r in range(rounds):
+        for label, tree in trees:
+            stream = f"steady_{r}_{uuid.uuid4().hex[:6]}"
+            fill(dsn, stream, first)
+            job = conveyor(dsn, "archive", "--stream", stream, "--path", str(work / f"steady-{stream}"), "--once",
+                           "--master", "local[2]")
+            t1 = timed(job, tree, timeout)
+            append_events(dsn, stream, then)
+            t2 = timed(job, tree, timeout)
+            rates[label].append((t1, t2))
+    return rates
+
+
+def append_events(dsn: str, stream: str, rows: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for done in range(0, rows, TICK_EVERY):
+            conn.execute("SELECT count(*) FROM conveyor.stream_send_batch(%s, 'bench', array_fill(%s::text, ARRAY[%s]))",
+                         (stream, PAYLOAD, min(TICK_EVERY, rows - done)))
+            conn.execute("SELECT conveyor.stream_force_tick(%s)", (stream,))
+
+
+def small_work(dsn: str, work: Path, trees: list[tuple[str, str | None]], rounds: int,
+               timeout: float) -> dict[str, dict[str, list[float]]]:
+    """Per tree: seconds of the bare session, the 1-event archive and the small report, per round."""
+    seconds: dict[str, dict[str, list[float]]] = {label: {"bare": [], "archive": [], "report": []} for label, _ in trees}
+    lakes = {}
+    for label, tree in trees:  # warm-up: each tree's table of 4 events, and its first run
+        stream = f"small_{uuid.uuid4().hex[:6]}"
+        fill(dsn, stream, 4)
+        lakes[label] = (stream, work / f"small-{stream}")
+        timed(conveyor(dsn, "archive", "--stream", stream, "--path", str(lakes[label][1]), "--once"), tree, timeout)
+    for _ in range(rounds):
+        for label, tree in trees:
+            stream, lake = lakes[label]
+            seconds[label]["bare"].append(timed(["-c", BARE], tree, timeout))
+            append_events(dsn, stream, 1)
+            seconds[label]["archive"].append(timed(
+                conveyor(dsn, "archive", "--stream", stream, "--path", str(lake), "--once"), tree, timeout))
+            seconds[label]["report"].append(timed(
+                conveyor(dsn, "report", str(lake), "--out", str(work / f"report-{label}")), tree, timeout))
+    return seconds
+
+
+def report_cli(steady_rates: dict[str, list[tuple[float, float]]], small: dict[str, dict[str, list[float]]],
+               copy_rate: float, first: int, then: int) -> None:
+    if steady_rates:
+        print(f"\nsteady rate: `archive --once` of {first:,} events (t1), then of {then:,} more (t2) (CLI, local[2]): "
+              f"{then:,} / (median t2 - median t1), {len(next(iter(steady_rates.values())))} round(s)")
+        print(f"{'':18}{'t1 s':>7}{'t2 s':>7}{'rows/s':>10}{'x COPY':>9}")
+        for label, runs in steady_rates.items():
+            t1, t2 = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            rate = then / (t2 - t1) if t2 > t1 else float("inf")
+            print(f"{label or 'this tree':18}{t1:>7.1f}{t2:>7.1f}{rate:>10,.0f}{rate / copy_rate:>9.2f}")
+    if small:
+        print("\nsmall work (CLI, local[*]): seconds, median; ratio to a bare session start+stop of the same round")
+        print(f"{'':18}{'bare':>7}{'archive 1':>11}{'ratio':>7}{'report 4':>10}{'ratio':>7}")
+        for label, runs in small.items():
+            def ratio(key: str, runs: dict[str, list[float]] = runs) -> float:
+                return statistics.median(a / b for a, b in zip(runs[key], runs["bare"], strict=True))
+
+            print(f"{label or 'this tree':18}{statistics.median(runs['bare']):>7.1f}"
+                  f"{statistics.median(runs['archive']):>11.1f}{ratio('archive'):>7.2f}"
+                  f"{statistics.median(runs['report']):>10.1f}{ratio('report'):>7.2f}")
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 def sweep_stream(size: int) -> str:
@@ -214,6 +317,11 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=SRC",
                         help="run the Spark children on this source tree's src (repeatable: side by side)")
     parser.add_argument("--no-cluster", action="store_true", help="skip the standalone cluster")
+    parser.add_argument("--no-throughput", action="store_true",
+                        help="skip the Spark children (throughput, memory, fixed cost); CLI sections only")
+    parser.add_argument("--steady", type=int, nargs="*", default=[20_000, 200_000], metavar="N",
+                        help="events of the first and the second `archive --once` of the steady rate (none: skip)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the steady and small-work sections")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--child", nargs=7, help=argparse.SUPPRESS,
                         metavar=("MASTER", "DSN", "WORK", "SIZES", "SMALL", "MAX_EVENTS", "REPEAT"))
@@ -246,15 +354,25 @@ def main() -> None:
                     results[key] = run_spark(master, tree, dsn, work, sweep, small, args.max_events, args.repeat,
                                              args.timeout)
 
-            measure("local[1]", "local[1]", [])
-            measure("local[2]", "local[2]", sizes)
-            if not args.no_cluster:
-                (work / "cluster").mkdir()
-                with standalone.standalone(work / "cluster") as url:
-                    measure("cluster", url, sizes)
+            if not args.no_throughput:
+                measure("local[1]", "local[1]", [])
+                measure("local[2]", "local[2]", sizes)
+                if not args.no_cluster:
+                    (work / "cluster").mkdir()
+                    with standalone.standalone(work / "cluster") as url:
+                        measure("cluster", url, sizes)
+            first, then = ([max(1, min(n, 2_000_000)) for n in args.steady] + [0, 0])[:2]
+            rounds = max(1, min(args.rounds, 20))
+            print("steady rate ...", file=sys.stderr)
+            steady_rates = steady(dsn, work, trees, first, then, rounds, args.timeout) if first and then else {}
+            print("small work ...", file=sys.stderr)
+            small_runs = small_work(dsn, work, trees, rounds, args.timeout)
     finally:
         drop_database(database)
-    report(rows, args.max_events, args.repeat, small, results, copies)
+    if results:
+        report(rows, args.max_events, args.repeat, small, results, copies)
+    got, seconds = sorted(copies, key=lambda c: c[1])[len(copies) // 2]
+    report_cli(steady_rates, small_runs, got / seconds, first, then)
 
 
 if __name__ == "__main__":

@@ -491,6 +491,9 @@ class Publication:
     message_id: UUID | None = None
     bodies: dict[str, str] | None = None
     content_type: str | None = None  # of the raw body, for raw deliveries into queues
+    signature_version: str = "2"  # of the envelopes' signatures: "1" (SHA1) or "2" (SHA256)
+    signed: bool = True  # False: envelopes carry no signature (SNS's FIFO topics)
+    system_attributes: dict[str, dict[str, str]] | None = None  # given to queue copies (AWSTraceHeader)
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,9 +512,9 @@ class TopicUrls:
     def subscription_arn(self, pattern: str, subscription_uuid: UUID | str) -> str:
         return f"{self.topic_arn(pattern)}:{subscription_uuid}"
 
-    @property
-    def signing_cert_url(self) -> str:
-        return f"{self.base_url}/SimpleNotificationService.pem"
+    def signing_cert_url(self, digest: str) -> str:
+        """Where the certificate of the key whose digest this is is served, as AWS names it."""
+        return f"{self.base_url}/SimpleNotificationService-{digest}.pem"
 
     @property
     def unsubscribe_url_prefix(self) -> str:

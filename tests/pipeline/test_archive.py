@@ -9,6 +9,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,7 +159,8 @@ def test_a_killed_task_attempt_leaves_nothing_in_the_table(dsn, tmp_path):
     sql(dsn, "SELECT conveyor.message_send_batch('jobs', array(SELECT 'job ' || i FROM generate_series(1, 400) i))")
     sql(dsn, "SELECT conveyor.message_archive('jobs', array(SELECT i::bigint FROM generate_series(1, 400) i))")
     lake = tmp_path / "jobs"
-    common = ["--queue", "jobs", "--path", str(lake), "--once", "--json", "--partitions", "2"]
+    # two Spark tasks of 200 rows (a micro-batch this small is otherwise the driver's)
+    common = ["--queue", "jobs", "--path", str(lake), "--once", "--json", "--partitions", "2", "--rows-per-task", "200"]
     # run 1: the first attempt of both tasks of micro-batch 0 is SIGKILLed once it has
     # written its file (Spark retries the task: local[2,3]); then the driver is killed right
     # after the commit, before it could delete anything
@@ -190,11 +192,11 @@ def test_the_driver_collects_descriptions_of_files_not_rows(dsn, tmp_path):
     tick(dsn, "big")
     lake = tmp_path / "big"
     run = _cli(["--stream", "big", "--path", str(lake), "--once", "--json", "--master", "local[2]",
-                "--max-events", "100000", "--conf", "spark.driver.maxResultSize=1m"], dsn)
+                "--max-events", "100000", "--rows-per-task", "5000", "--conf", "spark.driver.maxResultSize=1m"], dsn)
     out, err = run.communicate(timeout=180)
     assert run.returncode == 0, err[-3000:]
     done = json.loads(out)
-    assert (done["batches"], done["rows"], done["files"]) == (1, 20_000, 4), done
+    assert (done["batches"], done["spark_batches"], done["rows"], done["files"]) == (1, 1, 20_000, 4), done
     assert len(set(_ids(lake))) == 20_000
 
 
@@ -242,3 +244,105 @@ def test_the_tables_read_as_they_did_and_take_on_where_the_driver_left_off(spark
         archive.run(spark, archive.ArchiveJob(dsn=dsn, path=tmp_path / "new" / "orders", queue="jobs",
                                               checkpoint=tmp_path / "cp-other"))
     assert DeltaTable(str(tmp_path / "new" / "orders")).version() == version
+
+
+def test_a_small_micro_batch_is_one_file_written_without_starting_spark(dsn, tmp_path):
+    """Issue 29, items 13 and 16: 4 rows were 4 files (one per task) after starting a
+    JVM. The driver writes a micro-batch of at most rows_per_task rows itself, one file
+    per date, and Spark is started only for a larger one."""
+    from conveyor.pipeline import session
+
+    sql(dsn, "SELECT conveyor.stream_create('orders')")
+    append(dsn, "orders", [f"order {i}" for i in range(4)])
+    lazy = session.Lazy("local[2]")
+    job = archive.ArchiveJob(dsn=dsn, path=tmp_path / "orders", stream="orders", rows_per_task=10)
+    small = archive.run(lazy, job)
+    assert (small.rows, small.files, small.spark_batches, lazy.session) == (4, 1, 0, None)
+    append(dsn, "orders", [f"more {i}" for i in range(30)])
+    assert archive.groups([], 10) == [[]]
+    try:
+        larger = archive.run(lazy, job)
+    finally:
+        lazy.stop()
+    assert (larger.rows, larger.spark_batches) == (30, 1) and 1 < larger.files <= job.partitions
+    assert len(set(_ids(job.path))) == 34
+
+
+def test_a_checkpoint_of_the_earlier_streaming_query_goes_on_where_it_stopped(dsn, tmp_path):
+    """Earlier versions ran a Structured Streaming query: its checkpoint (offsets/<id>,
+    commits/<id> in Spark's format) is where the archive goes on from."""
+    sql(dsn, "SELECT conveyor.queue_create('jobs')")
+    sql(dsn, "SELECT conveyor.message_send_batch('jobs', array(SELECT 'job ' || i FROM generate_series(1, 30) i))")
+    sql(dsn, "SELECT conveyor.message_archive('jobs', array(SELECT i::bigint FROM generate_series(1, 10) i))")
+    mark = sql(dsn, "SELECT conveyor.pipeline_archive_mark('jobs', true)")[0][0]
+    sql(dsn, "SELECT conveyor.message_archive('jobs', array(SELECT i::bigint FROM generate_series(11, 30) i))")
+    folder = tmp_path / "jobs" / "_checkpoint"
+    (folder / "offsets").mkdir(parents=True)
+    (folder / "commits").mkdir()
+    conf = '{"batchWatermarkMs":0,"batchTimestampMs":1795833821222,"conf":{"spark.sql.shuffle.partitions":"4"}}'
+    (folder / "offsets" / "0").write_text(f'v1\n{conf}\n{{"queue": "jobs", "mark": {mark}}}')
+    (folder / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    (folder / "metadata").write_text('{"id":"9af9c4e3-6bb5-498c-9a9b-e14bc2feb978"}')
+    done = archive.run(None, archive.ArchiveJob(dsn=dsn, path=tmp_path / "jobs", queue="jobs"))
+    assert done.rows == 20 and sorted(_ids(tmp_path / "jobs")) == list(range(11, 31))
+    assert (folder / "offsets" / "1").read_text().startswith("v1\n") and (folder / "commits" / "1").exists()
+
+
+def test_a_continuous_archive_reports_its_rate_and_what_is_waiting(dsn, tmp_path):
+    sql(dsn, "SELECT conveyor.stream_create('orders')")
+    append(dsn, "orders", [f"order {i}" for i in range(25)])
+    tick(dsn, "orders")
+    append(dsn, "orders", [f"order {i}" for i in range(25, 50)])
+    tick(dsn, "orders")
+    lines: list[str] = []
+    stop = threading.Event()
+    job = archive.ArchiveJob(dsn=dsn, path=tmp_path / "orders", stream="orders", once=False, interval=0.2,
+                             max_events=25)
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        if sum("this run" in x for x in lines) >= 2:
+            stop.set()
+
+    done = archive.run(None, job, progress=progress, stop=stop)
+    assert done.rows == 50 and done.batches == 2
+    # what is waiting is the planner's estimate (from the stream's id sequence, which may skip)
+    first = re.fullmatch(r"batch 0: 25 rows in 1 file in [\d.]+ m?s \([\d,.]+ rows/s, the driver\); 25 rows this run; "
+                         r"about (\d+) rows waiting", lines[1])
+    assert first and 25 <= int(first[1]) <= 35, lines[1]
+    assert re.fullmatch(r"batch 1: .*; 50 rows this run; about 0 rows waiting", lines[2]), lines
+
+
+def test_compact_merges_small_files_and_vacuum_deletes_what_no_version_lists(dsn, tmp_path):
+    sql(dsn, "SELECT conveyor.stream_create('orders')")
+    job = archive.ArchiveJob(dsn=dsn, path=tmp_path / "orders", stream="orders")
+    for n in range(3):
+        append(dsn, "orders", [f"order {n}-{i}" for i in range(5)])
+        archive.run(None, job)
+    stray = tmp_path / "orders" / "date=2000-01-01" / "part-stray.snappy.parquet"
+    stray.parent.mkdir()
+    stray.write_bytes(b"left by a killed task")
+    before = _ids(job.path)
+    proc = subprocess.run([sys.executable, "-m", "conveyor", "--json", "pipeline", "compact", "--path", str(job.path),
+                           "--retention-hours", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    done = json.loads(proc.stdout)
+    assert (done["files_replaced"], done["files_added"]) == (3, 1) and done["files_deleted"] >= 4, done
+    assert sorted(_ids(job.path)) == sorted(before) and len(_listed(job.path)) == 1
+    assert _on_disk(job.path) == _listed(job.path) and not stray.exists()
+    append(dsn, "orders", ["after"])
+    assert archive.run(None, job).rows == 1 and len(_ids(job.path)) == 16  # the archive goes on
+
+
+def test_status_shows_the_archive_consumer_as_the_pipelines(dsn, tmp_path):
+    """Issue 29, item 15: the archive's consumer showed growing lag in `status` as if it
+    were an application's."""
+    from support.cli import ok, ok_json, run
+
+    sql(dsn, "SELECT conveyor.stream_create('orders')")
+    sql(dsn, "SELECT conveyor.stream_subscribe('orders', 'billing')")
+    append(dsn, "orders", ["a"])
+    archive.run(None, archive.ArchiveJob(dsn=dsn, path=tmp_path / "orders", stream="orders"))
+    consumers = {c["consumer"]: c["role"] for c in ok_json(run(dsn, "status", "--json"))["consumers"]}
+    assert consumers == {"billing": "", "conveyor-archive": "pipeline archive"}
+    assert "conveyor-archive (pipeline archive)" in ok(run(dsn, "status"))

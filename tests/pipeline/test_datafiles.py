@@ -42,8 +42,6 @@ def test_a_task_writes_a_file_per_date_and_describes_it(tmp_path):
     # minimum and no maximum
     assert stats["minValues"] == {"id": 1, "created_at": "2026-11-25T23:59:59.747Z", "body": "a"}
     assert stats["maxValues"] == {"id": 2, "created_at": "2026-11-25T23:59:59.748Z"}
-    assert datafiles.from_rows([]) == []
-    assert datafiles.to_batch(files).num_rows == 3
 
 
 def test_readers_prune_with_the_statistics_and_never_lose_a_row(tmp_path):

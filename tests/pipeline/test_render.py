@@ -53,3 +53,15 @@ def test_the_report_says_which_window_it_covers(tmp_path):
     assert window["start"].startswith("2026-11-25T17:00:00") and window["end"].startswith("2026-11-25T17:01:42")
     empty = render.write(Report(generated_at=T0, tables=[], sources=[]), tmp_path / "empty")
     assert "hold no messages or events yet" in empty["html"].read_text()
+
+
+def test_minutes_without_events_are_drawn_as_zeros():
+    """A line through minutes with no events (issue 29, item 14) drops to zero at each
+    gap's edges instead, one point per edge whatever the gap's length."""
+    minute = dt.timedelta(minutes=1)
+    points = [{"minute": T0, "count": 5}, {"minute": T0 + minute, "count": 7},
+              {"minute": T0 + 3 * minute, "count": 2}, {"minute": T0 + 30 * 24 * 60 * minute, "count": 4}]
+    assert render.with_zeros(points) == [
+        (T0, 5), (T0 + minute, 7), (T0 + 2 * minute, 0), (T0 + 3 * minute, 2), (T0 + 4 * minute, 0),
+        (T0 + (30 * 24 * 60 - 1) * minute, 0), (T0 + 30 * 24 * 60 * minute, 4)]
+    assert render.with_zeros([]) == []

@@ -38,6 +38,9 @@ def test_report_figures_match_what_was_sent(spark, dsn, tmp_path):
     latencies = [float(r[0]) for r in sql(dsn, """
         SELECT extract(epoch FROM a.archived_at - a.sent_at) * 1000 FROM conveyor.archive a
           JOIN conveyor.queues q ON q.id = a.queue_id WHERE q.name = 'jobs'""")]
+    deliveries = [float(r[0]) for r in sql(dsn, """
+        SELECT extract(epoch FROM a.first_received_at - a.sent_at) * 1000 FROM conveyor.archive a
+          JOIN conveyor.queues q ON q.id = a.queue_id WHERE q.name = 'jobs' AND a.first_received_at IS NOT NULL""")]
 
     sql(dsn, "SELECT conveyor.stream_create('clicks')")
     sql(dsn, "SELECT conveyor.stream_subscribe('clicks', 'worker')")
@@ -70,6 +73,9 @@ def test_report_figures_match_what_was_sent(spark, dsn, tmp_path):
     assert (jobs["dead_lettered"], jobs["dead_letter_rate"]) == (5, 0.05)
     for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
         assert abs(jobs["latency_ms"][key] - _percentile(latencies, q)) < 0.01
+        # enqueue to first delivery, of the messages that were delivered
+        assert abs(jobs["first_delivery_ms"][key] - _percentile(deliveries, q)) < 0.01
+    assert "acknowledgement" in jobs["latency_measures"]
     assert sum(m["count"] for m in jobs["throughput_per_minute"]) == 95
     assert by_name[("queue", "dlq")]["messages"] == 5
 
@@ -77,6 +83,7 @@ def test_report_figures_match_what_was_sent(spark, dsn, tmp_path):
     assert clicks["messages"] == 40
     assert (clicks["dead_lettered"], clicks["dead_letter_rate"]) == (4, 0.1)
     assert clicks["latency_ms"]["p50"] >= 0 and statistics.fmean(m["count"] for m in clicks["throughput_per_minute"]) > 0
+    assert "when the archive job ran" in clicks["latency_measures"] and clicks["notes"] == []
 
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and "jobs" in page and "clicks" in page

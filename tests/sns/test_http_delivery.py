@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 
 import httpx
@@ -20,18 +21,20 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
 
 from support.server import ServerProcess
-from support.sns_clients import metric, sns_client, unique
+from support.sns_clients import metric, sns_client, subscribe_http, unique
 
 pytestmark = pytest.mark.slow
 
 
 def verify(envelope: dict[str, str]) -> None:
-    """As an SNS subscriber verifies a message (SignatureVersion 2)."""
+    """As an SNS subscriber verifies a message (SignatureVersion 1: SHA1, 2: SHA256)."""
+    assert re.search(r"/SimpleNotificationService-[0-9a-f]{32}\.pem$", envelope["SigningCertURL"])
     pem = httpx.get(envelope["SigningCertURL"]).raise_for_status().content
     key = x509.load_pem_x509_certificate(pem).public_key()
     names = ["Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"]
     canonical = "".join(f"{n}\n{envelope[n]}\n" for n in names if n in envelope)
-    key.verify(base64.b64decode(envelope["Signature"]), canonical.encode(), padding.PKCS1v15(), hashes.SHA256())
+    digest = {"1": hashes.SHA1(), "2": hashes.SHA256()}[envelope["SignatureVersion"]]
+    key.verify(base64.b64decode(envelope["Signature"]), canonical.encode(), padding.PKCS1v15(), digest)
 
 
 def make_due(dsn: str) -> None:
@@ -54,7 +57,7 @@ def wait_until(check, timeout: float = 10.0) -> None:
 
 def test_signed_delivery_fails_twice_then_succeeds(server: ServerProcess, module_dsn, sns, make_topic, endpoint):
     topic = make_topic()
-    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)["SubscriptionArn"]
+    sub = subscribe_http(sns, topic, endpoint)
     before = {o: metric(server.url, "queue_delivery_attempts_total", outcome=o) for o in ("success", "failure")}
     endpoint.statuses = [500, 503]
     message_id = sns.publish(TopicArn=topic, Message="deliver me", Subject="Hi")["MessageId"]
@@ -97,7 +100,7 @@ def test_signed_delivery_fails_twice_then_succeeds(server: ServerProcess, module
 
 def test_raw_delivery_and_per_protocol_message(sns, make_topic, endpoint):
     topic = make_topic()
-    sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url, Attributes={"RawMessageDelivery": "true"})
+    subscribe_http(sns, topic, endpoint, RawMessageDelivery="true")
     sns.publish(TopicArn=topic, MessageStructure="json",
                 Message=json.dumps({"default": "everyone", "http": "just for http", "sqs": "queues"}))
     [request] = endpoint.wait_for(1)
@@ -111,9 +114,11 @@ def test_disallowed_endpoint_is_held_and_never_attempted(server: ServerProcess, 
     topic = make_topic()
     outside = endpoint.url.replace("127.0.0.1", "127.0.0.2")  # loopback, but not on the list
     before = metric(server.url, "queue_delivery_held_total")
-    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=outside)["SubscriptionArn"]  # still succeeds
-    assert sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]["PendingConfirmation"] == "false"
-    sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=outside,
+                        ReturnSubscriptionArn=True)["SubscriptionArn"]  # still succeeds
+    # its SubscriptionConfirmation is held like any delivery there, so it stays pending
+    assert sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]["PendingConfirmation"] == "true"
+    subscribe_http(sns, topic, endpoint)
     sns.publish(TopicArn=topic, Message="to both")
     [request] = endpoint.wait_for(1)  # the allowed one arrives
     assert json.loads(request.body)["Message"] == "to both"
@@ -148,11 +153,11 @@ def test_certificate_is_served_and_survives_a_restart(module_dsn, endpoint):
         assert httpx.get(second.url + "/SimpleNotificationService.pem").text == pem.text
         other = sns_client(second.url, "query")
         topic = other.create_topic(Name=unique())["TopicArn"]
-        other.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)
+        subscribe_http(other, topic, endpoint)
         other.publish(TopicArn=topic, Message="after restart")
         [request] = endpoint.wait_for(1)
         envelope = json.loads(request.body)
-        assert envelope["SigningCertURL"] == second.url + "/SimpleNotificationService.pem"
+        assert envelope["SigningCertURL"].startswith(second.url + "/SimpleNotificationService-")
         verify(envelope)
     finally:
         second.terminate()

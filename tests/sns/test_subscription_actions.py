@@ -12,7 +12,16 @@ import httpx
 import pytest
 
 from support.server import ServerProcess
-from support.sns_clients import ACCOUNT, REGION, error_code, receive_all, sns_client, status_code, unique
+from support.sns_clients import (
+    ACCOUNT,
+    REGION,
+    error_code,
+    receive_all,
+    sns_client,
+    status_code,
+    subscribe_http,
+    unique,
+)
 from support.sqs_clients import client as sqs_client
 
 pytestmark = pytest.mark.slow
@@ -34,15 +43,15 @@ def test_subscribe_queue_and_endpoints(sns, make_topic, make_queue):
     sub_h = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/a")["SubscriptionArn"]
     sub_s = sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https://hooks.example.com/b",
                           ReturnSubscriptionArn=True)["SubscriptionArn"]
-    for sub in (sub_q, sub_h, sub_s):  # confirmed at once: an ARN, never "pending confirmation"
-        assert sub.startswith(topic + ":")
+    assert sub_q.startswith(topic + ":") and sub_s.startswith(topic + ":")  # a queue's is confirmed at once
+    assert sub_h == "pending confirmation"  # an endpoint confirms first, as on SNS
     listed = sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
     assert {(s["Protocol"], s["Endpoint"], s["SubscriptionArn"]) for s in listed} == {
-        ("sqs", queue_arn, sub_q), ("http", "http://hooks.example.com/a", sub_h),
-        ("https", "https://hooks.example.com/b", sub_s)}
+        ("sqs", queue_arn, sub_q), ("http", "http://hooks.example.com/a", "PendingConfirmation"),
+        ("https", "https://hooks.example.com/b", "PendingConfirmation")}
     assert all(s["TopicArn"] == topic and s["Owner"] == ACCOUNT for s in listed)
     attrs = sns.get_topic_attributes(TopicArn=topic)["Attributes"]
-    assert attrs["SubscriptionsConfirmed"] == "3" and attrs["SubscriptionsPending"] == "0"
+    assert attrs["SubscriptionsConfirmed"] == "1" and attrs["SubscriptionsPending"] == "2"
 
 
 def test_subscribe_is_idempotent_unless_attributes_differ(sns, make_topic, make_queue):
@@ -59,7 +68,9 @@ def test_subscribe_is_idempotent_unless_attributes_differ(sns, make_topic, make_
                              Attributes={"FilterPolicy": policy})["SubscriptionArn"]
     assert sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=other_queue,
                          Attributes={"FilterPolicy": policy})["SubscriptionArn"] == filtered
-    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn), "InvalidParameter",
+    assert sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)["SubscriptionArn"] == first  # no attributes
+    _fails(lambda: sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn,
+                                 Attributes={"RawMessageDelivery": "false"}), "InvalidParameter",
            message="Invalid parameter: Attributes Reason: Subscription already exists with different attributes")
     assert len(sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]) == 2
 
@@ -100,11 +111,12 @@ def test_subscribe_errors(sns, make_topic, make_queue):
 
 def test_get_and_set_subscription_attributes(sns, make_topic, make_queue):
     topic = make_topic()
-    sub = sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https://hooks.example.com/x")["SubscriptionArn"]
+    sub = sns.subscribe(TopicArn=topic, Protocol="https", Endpoint="https://hooks.example.com/x",
+                        ReturnSubscriptionArn=True)["SubscriptionArn"]
     attrs = sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]
     assert attrs["SubscriptionArn"] == sub and attrs["TopicArn"] == topic and attrs["Protocol"] == "https"
     assert attrs["Endpoint"] == "https://hooks.example.com/x" and attrs["Owner"] == ACCOUNT
-    assert attrs["PendingConfirmation"] == "false" and attrs["ConfirmationWasAuthenticated"] == "true"
+    assert attrs["PendingConfirmation"] == "true" and attrs["ConfirmationWasAuthenticated"] == "true"
     assert attrs["RawMessageDelivery"] == "false"
     assert json.loads(attrs["EffectiveDeliveryPolicy"])["http"]["defaultHealthyRetryPolicy"]["numRetries"] == 4
     assert "FilterPolicy" not in attrs
@@ -132,38 +144,42 @@ def test_get_and_set_subscription_attributes(sns, make_topic, make_queue):
 
 def test_subscription_not_found_and_malformed_arns(sns, make_topic):
     topic = make_topic()
-    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/")["SubscriptionArn"]
+    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/",
+                        ReturnSubscriptionArn=True)["SubscriptionArn"]
     unknown = f"{topic}:00000000-0000-4000-8000-000000000000"
     _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=unknown), "NotFound", 404,
            "Subscription does not exist")
     other_topic = sub.replace(topic, make_topic())  # the right id under the wrong topic
     _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=other_topic), "NotFound", 404)
     _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=f"{topic}:not-a-uuid"), "InvalidParameter",
-           message="Invalid parameter: SubscriptionArn")
+           message="Invalid parameter: SubscriptionId")
     _fails(lambda: sns.set_subscription_attributes(SubscriptionArn="arn:nope", AttributeName="RawMessageDelivery",
                                                    AttributeValue="true"), "InvalidParameter")
     _fails(lambda: sns.unsubscribe(SubscriptionArn="pending confirmation"), "InvalidParameter")
 
 
-def test_unsubscribe_and_confirm(sns, make_topic, make_queue):
+def test_unsubscribe_and_confirm(sns, make_topic, make_queue, endpoint):
     topic = make_topic()
-    sub = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint="http://hooks.example.com/c")["SubscriptionArn"]
-    # Conveyor sends no SubscriptionConfirmation: any token confirms the topic's newest HTTP(S)
-    # subscription, a token naming a subscription (its id or ARN) that one
-    assert sns.confirm_subscription(TopicArn=topic, Token="whatever")["SubscriptionArn"] == sub
-    assert sns.confirm_subscription(TopicArn=topic, Token=sub.rsplit(":", 1)[1])["SubscriptionArn"] == sub
+    assert sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)["SubscriptionArn"] == \
+        "pending confirmation"
+    [request] = endpoint.wait_for(1)
+    assert request.headers["x-amz-sns-message-type"] == "SubscriptionConfirmation"
+    token = json.loads(request.body)["Token"]
+    missing = f"arn:aws:sns:{REGION}:{ACCOUNT}:{unique()}"
+    _fails(lambda: sns.confirm_subscription(TopicArn=missing, Token=token), "InvalidParameter",
+           message="Invalid parameter: Token")  # a token confirms on its own topic only
+    sub = sns.confirm_subscription(TopicArn=topic, Token=token)["SubscriptionArn"]
+    assert sub.startswith(topic + ":")
+    assert sns.confirm_subscription(TopicArn=topic, Token=token)["SubscriptionArn"] == sub  # again: the same
     _, queue_arn = make_queue()
     sub_q = sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)["SubscriptionArn"]
-    assert sns.confirm_subscription(TopicArn=topic, Token=sub_q)["SubscriptionArn"] == sub_q
-    missing = f"arn:aws:sns:{REGION}:{ACCOUNT}:{unique()}"
-    _fails(lambda: sns.confirm_subscription(TopicArn=missing, Token="t"), "NotFound", 404)
 
     sns.unsubscribe(SubscriptionArn=sub)
     sns.unsubscribe(SubscriptionArn=sub)  # again: still fine
     assert [s["SubscriptionArn"] for s in sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]] == [sub_q]
     _fails(lambda: sns.get_subscription_attributes(SubscriptionArn=sub), "NotFound", 404)
     empty = make_topic()
-    _fails(lambda: sns.confirm_subscription(TopicArn=empty, Token="t"), "InvalidParameter",
+    _fails(lambda: sns.confirm_subscription(TopicArn=empty, Token=token), "InvalidParameter",
            message="Invalid parameter: Token")
 
 
@@ -171,7 +187,7 @@ def test_list_subscriptions_pages_of_100(server, protocol):
     region = f"xx-subs-{protocol}"  # only this test's subscriptions live in this region
     sns = sns_client(server.url, protocol, region=region)
     topic = sns.create_topic(Name=unique())["TopicArn"]
-    arns = [sns.subscribe(TopicArn=topic, Protocol="https", Endpoint=f"https://hooks.example.com/{i}")[
+    arns = [sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=f"arn:aws:sqs:{region}:{ACCOUNT}:q{i}")[
         "SubscriptionArn"] for i in range(102)]
     first = sns.list_subscriptions()
     assert len(first["Subscriptions"]) == 100 and first["NextToken"]
@@ -289,7 +305,7 @@ def test_a_reader_cannot_unsubscribe_and_only_the_endpoint_holds_its_link(roles_
     queue_url = sqs.create_queue(QueueName=queue)["QueueUrl"]
     sub_q = admin.subscribe(TopicArn=topic, Protocol="sqs",
                             Endpoint=f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue}")["SubscriptionArn"]
-    sub_h = admin.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)["SubscriptionArn"]
+    sub_h = subscribe_http(admin, topic, endpoint)  # confirmed by the endpoint, as on AWS
     assert _arns(reader, topic) == {sub_q, sub_h}  # a reader lists them (as on AWS)
 
     for arn in (sub_q, sub_h):
@@ -326,18 +342,22 @@ def test_authenticate_on_unsubscribe_locks_the_endpoints_link(roles_server, endp
     authenticated Unsubscribe removes the subscription, not the link it was delivered."""
     writer, admin = _as(roles_server, "write"), _as(roles_server, "admin")
     topic = admin.create_topic(Name=unique())["TopicArn"]
-    sub = admin.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url)["SubscriptionArn"]
-    key = sub.rsplit(":", 1)[1]
-    _fails(lambda: writer.confirm_subscription(TopicArn=topic, Token=key, AuthenticateOnUnsubscribe="maybe"),
+    sub = admin.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url,
+                          ReturnSubscriptionArn=True)["SubscriptionArn"]
+    [confirmation] = endpoint.wait_for(1)  # the SubscriptionConfirmation and its token
+    token = json.loads(confirmation.body)["Token"]
+    with endpoint.lock:
+        endpoint.received.clear()
+    _fails(lambda: writer.confirm_subscription(TopicArn=topic, Token=token, AuthenticateOnUnsubscribe="maybe"),
            "InvalidParameter")
-    assert writer.confirm_subscription(TopicArn=topic, Token=key,
+    assert writer.confirm_subscription(TopicArn=topic, Token=token,
                                        AuthenticateOnUnsubscribe="true")["SubscriptionArn"] == sub
     admin.publish(TopicArn=topic, Message="locked")
     [request] = endpoint.wait_for(1)
     r = _link(roles_server, json.loads(request.body)["UnsubscribeURL"])
     assert r.status_code == 403 and "requires authentication to unsubscribe" in r.text, r.text
     # confirming again without the flag does not unlock it (as on AWS)
-    writer.confirm_subscription(TopicArn=topic, Token=key, AuthenticateOnUnsubscribe="false")
+    writer.confirm_subscription(TopicArn=topic, Token=token, AuthenticateOnUnsubscribe="false")
     assert _link(roles_server, json.loads(request.body)["UnsubscribeURL"]).status_code == 403
     assert _arns(admin, topic) == {sub}
     admin.unsubscribe(SubscriptionArn=sub)

@@ -113,7 +113,7 @@ def test_get_and_set_topic_attributes(sns):
            "InvalidParameter")
     _fails(lambda: sns.set_topic_attributes(TopicArn=arn, AttributeName="ContentBasedDeduplication",
                                             AttributeValue="true"), "InvalidParameter")
-    _fails(lambda: sns.set_topic_attributes(TopicArn=arn, AttributeName="SignatureVersion", AttributeValue="1"),
+    _fails(lambda: sns.set_topic_attributes(TopicArn=arn, AttributeName="SignatureVersion", AttributeValue="3"),
            "InvalidParameter")
     _fails(lambda: sns.set_topic_attributes(TopicArn=arn, AttributeName="DisplayName", AttributeValue="x" * 101),
            "InvalidParameter", message="Invalid parameter: Attributes Reason: DisplayName")
@@ -125,7 +125,7 @@ def test_errors_for_missing_malformed_and_foreign_topics(sns):
     _fails(lambda: sns.set_topic_attributes(TopicArn=missing, AttributeName="DisplayName", AttributeValue="x"),
            "NotFound", 404)
     _fails(lambda: sns.get_topic_attributes(TopicArn="not-an-arn"), "InvalidParameter", 400,
-           "Invalid parameter: TopicArn")
+           "Invalid parameter: TopicArn Reason: An ARN must have at least 6 elements, not 1")  # AWS's words
     _fails(lambda: sns.get_topic_attributes(TopicArn=f"arn:aws:sqs:{REGION}:{ACCOUNT}:q"), "InvalidParameter")
     _fails(lambda: sns.get_topic_attributes(TopicArn=f"arn:aws:sns:{REGION}:123456789012:t"),
            "AuthorizationError", 403)

@@ -42,7 +42,7 @@ def test_json_success_and_error_shapes(server):
     assert missing.headers["x-amzn-query-error"] == "NotFound;Sender"
     bad = _json(server, "GetTopicAttributes", {"TopicArn": "nope"})
     assert bad.status_code == 400 and bad.json()["__type"] == "com.amazonaws.sns#InvalidParameterException"
-    assert bad.json()["message"] == "Invalid parameter: TopicArn"
+    assert bad.json()["message"] == "Invalid parameter: TopicArn Reason: An ARN must have at least 6 elements, not 1"
     assert bad.headers["x-amzn-query-error"] == "InvalidParameter;Sender"
     typed = _json(server, "Subscribe", {"TopicArn": ok.json()["TopicArn"], "Protocol": "sqs",
                                         "ReturnSubscriptionArn": "perhaps"})

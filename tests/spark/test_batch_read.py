@@ -98,6 +98,12 @@ def test_stream_reads_events_by_tick_range_and_dead_letters(spark, dsn):
     ({"queue": "q", "kind": "events"}, "option kind must be one of messages, archive, dead_letters"),
     ({"queue": "q", "numPartitions": "many"}, "option numPartitions must be an integer"),
     ({"queue": "q", "colour": "red"}, "unknown option 'colour'"),
+    ({"queuePattern": "(unclosed"}, "option queuepattern is not a regular expression"),
+    ({"queue": "a,,b"}, "option queue must name one or more"),
+    ({"queue": "q", "maxTriggerDelay": "soon"}, "option maxTriggerDelay must be a duration"),
+    ({"queue": "q", "startingTimestamp": "1"}, "option startingTimestamp is for streams and partitioned queues"),
+    ({"partitionedQueue": "p", "startingOffsets": "earliest", "startingTimestamp": "1"},
+     "give startingOffsets or a start by time"),
 ])
 def test_bad_options_and_missing_objects_are_named(spark, dsn, options, message):
     with pytest.raises(Exception, match=message):

@@ -19,6 +19,7 @@ from conveyor import crypto
 from conveyor.pipeline import archive
 from conveyor.pipeline import report as reports
 from conveyor.spark import standalone
+from spark import scenarios
 from spark.helpers import append, push, sql, tick
 
 
@@ -179,3 +180,48 @@ def test_partitioned_queue_reads_on_the_cluster_match_local_mode(cluster, spark,
     local = {"batch": keys(load(spark.read).option("numPartitions", "3").load().collect()), "stream": sorted(seen)}
     assert on_cluster == local
     assert len(local["batch"]) == 40 + 80 + 120 + 160
+
+
+KAFKA_OPTIONS = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from conveyor.pipeline import session
+    from spark import scenarios
+    dsn, master, work, between = sys.argv[1:5]
+    spark = session.build(master, dict(c.split("=", 1) for c in sys.argv[5:]))
+    print(json.dumps(scenarios.run(spark, dsn, Path(work), "cluster", int(between))))
+    spark.stop()
+""")
+
+
+def _check_kafka_options(got: dict) -> None:
+    want = scenarios.expected()
+    for key in ("queue_list", "queue_pattern", "stream_pattern", "pqueue_list", "pqueue_since"):
+        assert got[key] == want[key], key
+    several = got["stream_pattern_streaming"]
+    assert several["rows"] == want["stream_pattern"] and len(several["batches"]) >= 2, several
+    several = got["pqueue_pattern_streaming"]
+    assert several["rows"] == want["pqueue_list"] and len(several["batches"]) >= 3, several
+    assert got["pqueue_by_partition"]["rows"] == want["pqueue_by_partition"]
+    assert got["stream_since"]["rows"] == want["stream_since"]
+    with_headers, without = got["headers"]
+    assert "attributes" in with_headers and "attributes" not in without and len(without) == len(with_headers) - 1
+    assert got["held"] == {"rows": 14, "waited": True}
+    loss = got["data_loss"]
+    assert loss == {"first": [[s] for s in range(1, 7)], "failed": True, "went_on": [[11], [12]], "error": None}, loss
+
+
+def test_kafka_source_options_on_the_cluster_and_in_local_mode(cluster, spark, dsn, tmp_path):
+    """Issue 31, part 2: several sources (lists and patterns), starting by time,
+    minOffsetsPerTrigger / maxTriggerDelay, includeHeaders, failOnDataLoss and
+    Trigger.AvailableNow in rate-limited micro-batches, the same on the cluster and here."""
+    between = scenarios.setup(dsn)
+    local = scenarios.run(spark, dsn, tmp_path, "local", between)
+    _check_kafka_options(local)
+    conf = [c for c in CONF if c != "--conf"]
+    env = {**standalone.env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", KAFKA_OPTIONS, dsn, cluster, str(tmp_path), str(between), *conf],
+                          env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    on_cluster = json.loads(proc.stdout.strip().splitlines()[-1])
+    _check_kafka_options(on_cluster)

@@ -85,7 +85,7 @@ def test_fifo_batches_without_ids_fail_whole(sqs, make_queue):
                 {"Id": "b", "MessageBody": "2", "MessageDeduplicationId": "d2"}]
     with pytest.raises(botocore.exceptions.ClientError) as err:
         sqs.send_message_batch(QueueUrl=url, Entries=no_group)
-    assert error_code(err.value) == "MissingParameter"
+    assert error_code(err.value) == "InvalidParameterValue"  # AWS's code in a batch (a single send: MissingParameter)
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
     no_dedup = [{"Id": "a", "MessageBody": "1", "MessageGroupId": "g", "MessageDeduplicationId": "d1"},
                 {"Id": "b", "MessageBody": "2", "MessageGroupId": "g"}]

@@ -108,7 +108,7 @@ def test_rest_headers_appear_as_attributes(sqs, make_queue, server):
 
 
 @pytest.mark.parametrize("kwargs, code", [
-    ({"MessageBody": ""}, "InvalidParameterValue"),
+    ({"MessageBody": ""}, "MissingParameter"),  # as AWS answers an empty body
     ({"MessageBody": "bad \x01 char"}, "InvalidMessageContents"),
     ({"MessageBody": "x", "DelaySeconds": 901}, "InvalidParameterValue"),
     ({"MessageBody": "x", "MessageDeduplicationId": "d"}, "InvalidParameterValue"),
@@ -216,13 +216,13 @@ def test_change_visibility_single_and_batch(sqs, make_queue):
     assert error_code(err.value) == "InvalidParameterValue"
 
 
-def test_change_visibility_of_a_message_not_in_flight(sqs, make_queue):
+def test_change_visibility_of_a_message_whose_timeout_ran_out(sqs, make_queue):
+    """Its newest handle still acts, as on SQS: the message is hidden again."""
     url = make_queue()
     sqs.send_message(QueueUrl=url, MessageBody="x")
     [m] = sqs.receive_message(QueueUrl=url, VisibilityTimeout=0)["Messages"]
-    with pytest.raises(sqs.exceptions.MessageNotInflight) as err:
-        sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=10)
-    assert err.value.response["Error"]["Code"] == "AWS.SimpleQueueService.MessageNotInflight"
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=10)
+    assert "Messages" not in sqs.receive_message(QueueUrl=url)
 
 
 def test_receipt_handles(sqs, make_queue):
@@ -274,7 +274,8 @@ def test_receipt_handles_cannot_be_forged(sqs, make_queue):
 def test_a_stale_receipt_acts_on_nothing(sqs, make_queue):
     """A consumer whose visibility timeout ran out and whose message went to another
     consumer cannot delete it from under the other, nor change its visibility: SQS answers
-    success (delete) and keeps the message; only the newest handle acts."""
+    success (delete) and keeps the message, and InvalidParameterValue (visibility); only
+    the newest handle acts."""
     url = make_queue()
     sqs.send_message(QueueUrl=url, MessageBody="job")
     [first] = sqs.receive_message(QueueUrl=url, VisibilityTimeout=1)["Messages"]
@@ -283,8 +284,9 @@ def test_a_stale_receipt_acts_on_nothing(sqs, make_queue):
     sqs.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])  # succeeds, deletes nothing
     result = sqs.delete_message_batch(QueueUrl=url, Entries=[{"Id": "a", "ReceiptHandle": first["ReceiptHandle"]}])
     assert [s["Id"] for s in result["Successful"]] == ["a"]
-    with pytest.raises(sqs.exceptions.MessageNotInflight):
+    with pytest.raises(botocore.exceptions.ClientError) as err:
         sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0)
+    assert error_code(err.value) == "InvalidParameterValue"
     result = sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
         {"Id": "a", "ReceiptHandle": first["ReceiptHandle"], "VisibilityTimeout": 0}])
     assert [f["Id"] for f in result["Failed"]] == ["a"]
@@ -399,8 +401,9 @@ def test_redrive_policy_and_move_task(sqs, make_queue):
     assert dead["Body"] == "poison" and dead["MessageId"] == sent["MessageId"]
 
     task = sqs.start_message_move_task(SourceArn=dlq_arn, MaxNumberOfMessagesPerSecond=10)
-    with pytest.raises(sqs.exceptions.UnsupportedOperation):
+    with pytest.raises(botocore.exceptions.ClientError) as err:
         sqs.start_message_move_task(SourceArn=dlq_arn)
+    assert error_code(err.value) == "InvalidParameterValue"  # AWS's code for a busy source
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         [status] = sqs.list_message_move_tasks(SourceArn=dlq_arn, MaxResults=10)["Results"]
@@ -413,8 +416,9 @@ def test_redrive_policy_and_move_task(sqs, make_queue):
     assert back["Body"] == "poison" and back["MessageId"] == sent["MessageId"]
     with pytest.raises(botocore.exceptions.ClientError):
         sqs.cancel_message_move_task(TaskHandle=task["TaskHandle"])  # no longer running
-    with pytest.raises(sqs.exceptions.ResourceNotFoundException):
+    with pytest.raises(botocore.exceptions.ClientError) as err:  # not a handle of AWS's form
         sqs.cancel_message_move_task(TaskHandle="00000000-0000-0000-0000-000000000000")
+    assert error_code(err.value) == "InvalidParameterValue"
 
 
 def test_cancel_a_running_move_task(sqs, make_queue):

@@ -181,7 +181,8 @@ def test_regions_scope_queues(server, protocol):
     name = f"regional-{protocol}"
     east_url = east.create_queue(QueueName=name)["QueueUrl"]
     west_url = west.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "5"})["QueueUrl"]
-    assert east_url == west_url  # same account and name; the region is the client's
+    assert east_url == f"{server.url}/000000000000/{name}"  # the default region keeps the short form
+    assert west_url == f"{server.url}/queue/eu-west-1/000000000000/{name}"  # two queues, two URLs
     east.send_message(QueueUrl=east_url, MessageBody="east")
     assert "Messages" not in west.receive_message(QueueUrl=west_url)
     arn = west.get_queue_attributes(QueueUrl=west_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]

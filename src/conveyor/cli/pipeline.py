@@ -5,6 +5,7 @@ print progress on stderr. Needs the ``pipeline`` extra (PySpark, Java 17)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from pathlib import Path
@@ -23,20 +24,20 @@ _conf = click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE",
 
 def _modules() -> Any:
     try:
-        from conveyor.pipeline import archive, render, report, session
+        from conveyor.pipeline import archive, human, report, session
     except ImportError as exc:
         raise click.ClickException(
             f"the pipeline needs the 'pipeline' extra (pip install 'conveyor[pipeline]'): {exc}") from None
-    return archive, render, report, session
+    return archive, human, report, session
 
 
 def _spark(session: Any, master: str, conf: tuple[str, ...]) -> Any:
+    """A session started on first use (session.Lazy): small work never starts the JVM."""
     try:
         settings = session.parse_conf(conf)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--conf") from None
-    output.note(f"starting Spark ({master})")
-    return session.build(master, settings)
+    return session.Lazy(master, settings, on_start=output.note)
 
 
 @click.group()
@@ -50,7 +51,8 @@ def pipeline() -> None:
 @click.option("--path", "path", required=True, type=click.Path(path_type=Path), metavar="DIR",
               help="The Delta table to append to (created if missing), partitioned by date.")
 @click.option("--consumer", default="conveyor-archive", show_default=True, metavar="NAME",
-              help="The stream consumer the archive reads as.")
+              help="The stream consumer the archive reads as (registered on the first run; its lag in "
+                   "`conveyor status` is what is not archived yet).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), metavar="DIR",
               help="Spark checkpoint (default: DIR/_checkpoint, beside the data).")
 @click.option("--once", is_flag=True, help="Archive everything available now, then stop (default: continuous).")
@@ -61,14 +63,18 @@ def pipeline() -> None:
                    "still kept) or latest (only what arrives from now on).")
 @click.option("--max-events", default=100_000, show_default=True, metavar="N",
               help="At most about N events per micro-batch (streams).")
-@click.option("--partitions", default=4, show_default=True, metavar="N", help="Spark partitions per micro-batch.")
+@click.option("--partitions", default=4, show_default=True, metavar="N",
+              help="At most N Spark tasks per micro-batch.")
+@click.option("--rows-per-task", default=10_000, show_default=True, metavar="N",
+              help="Each Spark task gets at least about N rows; a micro-batch of at most N rows is written "
+                   "by the driver alone, without starting Spark.")
 @_master
 @_conf
 @output.json_option
 @click.pass_obj
 def archive(obj: Any, stream: str | None, queue: str | None, path: Path, consumer: str, checkpoint: Path | None,
-            once: bool, interval: float, start: str | None, max_events: int, partitions: int, master: str,
-            conf: tuple[str, ...]) -> None:
+            once: bool, interval: float, start: str | None, max_events: int, partitions: int, rows_per_task: int,
+            master: str, conf: tuple[str, ...]) -> None:
     """Archive a stream or a queue's archive into a Delta table, exactly once.
 
     Incremental: each run goes on where the last one stopped (the checkpoint). The Spark
@@ -77,17 +83,20 @@ def archive(obj: Any, stream: str | None, queue: str | None, path: Path, consume
     once, even after a crash."""
     if (stream is None) == (queue is None):
         raise click.UsageError("give exactly one of --stream and --queue")
-    archive_mod, _, _, session = _modules()
+    archive_mod, human, _, session = _modules()
     stop = threading.Event()
     with context.database_url(obj.settings()) as dsn:
         try:
             job = archive_mod.ArchiveJob(
                 dsn=dsn, path=path, stream=stream, queue=queue, consumer=consumer, checkpoint=checkpoint,
                 once=once, interval=interval, starting_position=start, max_events=max_events,
-                partitions=partitions)
+                partitions=partitions, rows_per_task=rows_per_task)
         except errors.ConveyorError as exc:
             raise click.UsageError(exc.message) from None
         spark = _spark(session, master, conf)
+        if stream is not None:
+            output.note(f"reading stream {stream} as its consumer {consumer!r}: `conveyor status` shows its lag "
+                        "(what is not archived yet)")
         if not once:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: stop.set())
@@ -100,11 +109,38 @@ def archive(obj: Any, stream: str | None, queue: str | None, path: Path, consume
             spark.stop()
     output.emit(
         {"source": job.source, "path": str(path), "batches": result.batches, "rows": result.rows,
-         "files": result.files, "replayed_batches_skipped": result.skipped, "stray_files_removed": result.swept, "seconds": round(result.seconds, 3),
+         "files": result.files, "spark_batches": result.spark_batches, "replayed_batches_skipped": result.skipped,
+         "stray_files_removed": result.swept, "seconds": round(result.seconds, 3),
          "table_version": result.table_version, "end_offset": result.end_offset},
         obj.as_json,
-        f"archived {result.rows:,} rows of {job.source} in {result.batches} micro-batch(es) "
-        f"({result.seconds:.1f}s) into {path} (table version {result.table_version})")
+        f"archived {human.count(result.rows, 'row')} of {job.source} in {human.count(result.files, 'file')}, "
+        f"{human.count(result.batches, 'micro-batch', 'micro-batches')}, in {human.duration(result.seconds)} "
+        f"({human.rate(result.rows, result.seconds)}) into {path} (table version {result.table_version})")
+
+
+@pipeline.command()
+@click.option("--path", "path", required=True, type=click.Path(exists=True, path_type=Path), metavar="DIR",
+              help="The Delta table (written by `pipeline archive`).")
+@click.option("--retention-hours", default=168, show_default=True, metavar="N",
+              help="Keep the files of versions younger than N hours (time travel); older unlisted files go.")
+@output.json_option
+@click.pass_obj
+def compact(obj: Any, path: Path, retention_hours: int) -> None:
+    """Merge a table's small files and delete the ones no recent version lists (delta-rs
+    optimize + vacuum; no Spark). Safe while an archive appends."""
+    try:
+        from conveyor.pipeline import human, lake
+    except ImportError as exc:
+        raise click.ClickException(f"the pipeline needs the 'pipeline' extra: {exc}") from None
+    if retention_hours < 0:
+        raise click.BadParameter("must be at least 0", param_hint="--retention-hours")
+    try:
+        done = lake.compact(path, retention_hours)
+    except errors.ConveyorError as exc:
+        raise click.ClickException(exc.message) from None
+    output.emit({"path": str(path), **done}, obj.as_json,
+                f"{path}: {human.count(done['files_replaced'], 'file')} merged into {done['files_added']}, "
+                f"{human.count(done['files_deleted'], 'file')} deleted")
 
 
 @pipeline.command()
@@ -112,7 +148,8 @@ def archive(obj: Any, stream: str | None, queue: str | None, path: Path, consume
 @click.option("--out", required=True, type=click.Path(path_type=Path), metavar="DIR",
               help="Where report.html, report.json and the charts go.")
 @click.option("--dead-letters/--no-dead-letters", default=True, show_default=True,
-              help="Count streams' dead letters from the database (needs --database-url / DATABASE_URL).")
+              help="Count streams' dead letters in the database (--database-url / DATABASE_URL, else the "
+                   "embedded one).")
 @_master
 @_conf
 @output.json_option
@@ -123,19 +160,30 @@ def report(obj: Any, lake: tuple[Path, ...], out: Path, dead_letters: bool, mast
     dead letters per queue and stream.
 
     LAKE: Delta tables written by `conveyor pipeline archive`, or directories of them."""
-    _, render, report_mod, session = _modules()
-    settings = obj.settings()
-    dsn = settings.database_url if dead_letters else None
+    _, human, report_mod, session = _modules()
     spark = _spark(session, master, conf)
     try:
-        figures = report_mod.build(spark, list(lake), dsn=dsn, progress=output.note)
+        with (context.database_url(obj.settings()) if dead_letters else contextlib.nullcontext()) as dsn:
+            figures = report_mod.build(spark.get(), list(lake), dsn=dsn, progress=output.note)
     except errors.ConveyorError as exc:
         raise click.ClickException(exc.message) from None
     finally:
         spark.stop()
     output.note("writing the report")
+    from conveyor.pipeline import render  # matplotlib: imported only here
+
     files = render.write(figures, out)
     output.emit(figures.to_json() | {"files": {k: str(v) for k, v in files.items()}}, obj.as_json,
-                lambda: "\n".join([f"report: {files['html']}", f"figures: {files['json']}", *(
-                    f"{s.kind} {s.name}: {s.messages:,} total, p50 {s.latency_ms.get('p50', '-')} ms, "
-                    f"p99 {s.latency_ms.get('p99', '-')} ms" for s in figures.sources)]))
+                lambda: "\n".join([f"report: {files['html']}", f"figures: {files['json']}",
+                                   *(_summary(human, s) for s in figures.sources)]))
+
+
+def _summary(human: Any, s: Any) -> str:
+    """One source's line: its count and latencies, saying what they measure."""
+    def pcts(values: dict[str, float]) -> str:
+        return ", ".join(f"{k} {human.milliseconds(values[k])}" for k in ("p50", "p99") if k in values) or "-"
+
+    line = f"{s.kind} {s.name}: {human.count(s.messages, 'message' if s.kind == 'queue' else 'event')}"
+    if s.kind == "queue":
+        return f"{line}; enqueue to first delivery {pcts(s.first_delivery_ms)}; enqueue to ack {pcts(s.latency_ms)}"
+    return f"{line}; append to archive {pcts(s.latency_ms)} (when the archive ran)"

@@ -37,9 +37,13 @@ _STREAM_COLUMNS = [
     Column("PAUSED", "ticker_paused"),
 ]
 
+# `conveyor pipeline archive` reads a stream as the consumer conveyor-archive (--consumer):
+# names starting so are shown as the pipeline's, whose lag is what is not archived yet
+PIPELINE_CONSUMER = "conveyor-archive"
+
 _CONSUMER_COLUMNS = [
     Column("STREAM", "stream"),
-    Column("CONSUMER", "consumer"),
+    Column("CONSUMER", lambda row: f"{row['consumer']} ({row['role']})" if row.get("role") else row["consumer"]),
     Column("LAG", "lag", output.duration, right=True),
     Column("PENDING", "pending_events"),
     Column("OPEN BATCH", "batch_id", right=True),
@@ -112,6 +116,8 @@ async def _gather(conn: Any) -> dict[str, list[dict[str, Any]]]:
     queue_rows = _rows(await queues.metrics_all(conn), await queues.list_all(conn))
     stream_rows = _stream_rows(await stream_ops.stats(conn), await stream_ops.list_all(conn))
     consumer_rows = [streams.data(c) for c in await stream_ops.consumer_stats(conn)] if stream_rows else []
+    for row in consumer_rows:
+        row["role"] = "pipeline archive" if str(row["consumer"]).startswith(PIPELINE_CONSUMER) else ""
     partitioned_rows = [{"name": q["name"], "partitions": q["partitions"], "pending": q["messages"]["pending"],
                          "processing": q["messages"]["processing"], "dead_letters": q["messages"]["deadLetter"],
                          "consumer_groups": q["consumerGroups"]}

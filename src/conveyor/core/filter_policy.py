@@ -13,7 +13,8 @@ rules (docs/topics.md, "Filter policies"):
   ``numeric`` (``["=", 5]``, ``[">", 0, "<=", 150]``), ``exists`` (true/false) or
   ``cidr``;
 - at most five keys (attribute scope: every key; body scope: the top-level keys) and at
-  most 150 combinations (the product of the number of values of each key).
+  most 150 combinations (the product of the number of values of each key, each times
+  its depth in a nested policy).
 """
 
 from __future__ import annotations
@@ -77,17 +78,19 @@ def validate(policy: str | Mapping[str, Any], scope: str = "MessageAttributes") 
     return value
 
 
-def combinations(policy: Mapping[str, Any]) -> int:
-    """SNS's complexity measure: the product of the number of values of each key ("$or"
-    contributes the sum of its branches)."""
+def combinations(policy: Mapping[str, Any], depth: int = 1) -> int:
+    """SNS's complexity measure: the product, over the keys, of the number of values of
+    each times the depth of its key (1 at the top; AWS's example: four values three levels
+    down and three values two levels down are 3 x 4 x 2 x 3 = 72); "$or" contributes the
+    sum of its branches."""
     total = 1
     for key, rule in policy.items():
         if key == "$or":
-            total *= sum(combinations(branch) for branch in rule)
+            total *= sum(combinations(branch, depth) for branch in rule)
         elif isinstance(rule, Mapping):
-            total *= combinations(rule)
+            total *= combinations(rule, depth + 1)
         else:
-            total *= len(rule)
+            total *= len(rule) * depth
     return total
 
 

@@ -56,6 +56,15 @@ class Keyring:
     def _tag(self, payload: bytes) -> bytes:
         return hmac.new(self._key, payload, hashlib.sha256).digest()[:_TAG_BYTES]
 
+    def digest_hex(self, label: str, value: str, length: int) -> str:
+        """A keyed digest of ``value`` for ``label`` (HMAC-SHA512 blocks), ``length`` hex
+        characters long: what SNS confirmation tokens are made of."""
+        out, block = "", 0
+        while len(out) < length:
+            out += hmac.new(self._key, f"{label}\0{block}\0{value}".encode(), hashlib.sha512).hexdigest()
+            block += 1
+        return out[:length]
+
     def encode(self, queue: str, message_id: int, receive_count: int) -> str:
         payload = f"{queue}\0{message_id}\0{receive_count}\0{secrets.token_hex(4)}".encode()
         return f"{_b64(payload)}.{_b64(self._tag(payload))}"

@@ -1,5 +1,6 @@
-"""The SNS signing key: RSA-SHA256 signatures (SignatureVersion 2) over SNS's canonical
-string, and the self-signed certificate clients verify them with.
+"""The SNS signing key: RSA signatures over SNS's canonical string — SignatureVersion 1
+(SHA1, AWS's default) or 2 (SHA256) — and the self-signed certificate clients verify them
+with.
 
 The key is stored in ``conveyor.signing_keys`` (readable only by ``conveyor_admin`` and
 the definer functions) so every server process of one database signs with the same key
@@ -19,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -33,7 +35,8 @@ from conveyor.db import execute as db
 
 Connection = db.Connection
 
-SIGNATURE_VERSION = "2"
+SIGNATURE_VERSION = "2"  # what the engine signs with unless told otherwise (SNS topics say 1 or 2)
+SIGNATURE_VERSIONS = ("1", "2")
 KEY_BITS = 2048
 CERTIFICATE_DAYS = 3650
 SUBJECT = "sns.conveyor.local"
@@ -73,10 +76,21 @@ class Signer:
     private_key: rsa.RSAPrivateKey
     certificate_pem: str
 
-    def sign(self, fields: Mapping[str, str]) -> str:
-        """The base64 RSA-SHA256 (PKCS#1 v1.5) signature of ``canonical_string(fields)``."""
+    def sign(self, fields: Mapping[str, str], version: str = SIGNATURE_VERSION) -> str:
+        """The base64 RSA (PKCS#1 v1.5) signature of ``canonical_string(fields)``, with
+        SHA1 for SignatureVersion 1 and SHA256 for 2."""
         data = canonical_string(fields).encode("utf-8")
-        return base64.b64encode(self.private_key.sign(data, padding.PKCS1v15(), hashes.SHA256())).decode()
+        return base64.b64encode(self.private_key.sign(data, padding.PKCS1v15(), _hash(version))).decode()
+
+    @property
+    def digest(self) -> str:
+        """The certificate's name in SigningCertURL (``SimpleNotificationService-<digest>.pem``,
+        as AWS names its certificates): it changes when the key does."""
+        return self.digest_of(self.certificate_pem)
+
+    @staticmethod
+    def digest_of(certificate_pem: str) -> str:
+        return hashlib.md5(certificate_pem.encode(), usedforsecurity=False).hexdigest()
 
     @classmethod
     def from_pem(cls, private_key_pem: str, certificate_pem: str) -> Signer:
@@ -86,10 +100,18 @@ class Signer:
         return cls(key, certificate_pem)
 
 
+def _hash(version: str) -> hashes.HashAlgorithm:
+    if version not in SIGNATURE_VERSIONS:
+        raise errors.InvalidInput(f"SignatureVersion must be 1 or 2, not {version!r}")
+    return hashes.SHA1() if version == "1" else hashes.SHA256()  # SNS's SignatureVersion 1 is SHA1
+
+
 def verify(certificate_pem: str, fields: Mapping[str, str]) -> bool:
-    """Whether ``fields["Signature"]`` is a valid SignatureVersion 2 signature of the
-    message by the certificate's key (what an SNS client does with SigningCertURL)."""
-    if fields.get("SignatureVersion", SIGNATURE_VERSION) != SIGNATURE_VERSION:
+    """Whether ``fields["Signature"]`` is a valid signature of the message, of the
+    SignatureVersion it states (1 or 2), by the certificate's key (what an SNS client does
+    with SigningCertURL)."""
+    version = fields.get("SignatureVersion", SIGNATURE_VERSION)
+    if version not in SIGNATURE_VERSIONS:
         return False
     try:
         signature = base64.b64decode(fields.get("Signature") or "", validate=True)
@@ -98,7 +120,7 @@ def verify(certificate_pem: str, fields: Mapping[str, str]) -> bool:
         public_key = cert.public_key()
         if not isinstance(public_key, rsa.RSAPublicKey):
             return False
-        public_key.verify(signature, data, padding.PKCS1v15(), hashes.SHA256())
+        public_key.verify(signature, data, padding.PKCS1v15(), _hash(version))
     except (InvalidSignature, ValueError, binascii.Error, errors.InvalidInput):
         return False
     return True

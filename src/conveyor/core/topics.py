@@ -135,6 +135,15 @@ async def subscription_set_attributes(conn: Connection, ref: SubscriptionRef,
                               row=types.Subscription)
 
 
+async def send_to_endpoint(conn: Connection, subscription: UUID, payload: str, headers: Mapping[str, str],
+                           message_id: UUID) -> int:
+    """Queue a message of the server's own making (SNS's SubscriptionConfirmation) for an
+    HTTP(S) subscription's endpoint, delivered by the webhook worker as any delivery is;
+    returns the outbox row's id."""
+    return int(await db.fetch_value(conn, "delivery_send", {
+        "subscription": subscription, "payload": payload, "headers": dict(headers), "message_id": message_id}))
+
+
 async def confirm(conn: Connection, ref: SubscriptionRef) -> types.Subscription:
     """Mark a subscription confirmed (SNS ConfirmSubscription); returns it."""
     return await subscription_set_attributes(conn, ref, {"confirmed": True})
@@ -191,16 +200,19 @@ def publish_message(routing_key: str, publication: types.Publication, *, signer:
         "topic_arn": urls.topic_arn(routing_key),
         "region": urls.region,
         "account_id": urls.account_id,
-        "signing_cert_url": urls.signing_cert_url,
         "unsubscribe_url": urls.unsubscribe_url_prefix,
+        "system_attributes": publication.system_attributes or None,
     }
     if publication.bodies:
         message["bodies"] = dict(publication.bodies)
-    if signer is not None:
-        message["signature"] = signer.sign(envelope_fields(routing_key, publication, message_id, ts, urls))
+    if signer is not None and publication.signed:
+        version = publication.signature_version
+        message["signature_version"] = version
+        message["signing_cert_url"] = urls.signing_cert_url(signer.digest)
+        message["signature"] = signer.sign(envelope_fields(routing_key, publication, message_id, ts, urls), version)
         if publication.bodies:
             message["signatures"] = {
-                protocol: signer.sign(envelope_fields(routing_key, publication, message_id, ts, urls, body))
+                protocol: signer.sign(envelope_fields(routing_key, publication, message_id, ts, urls, body), version)
                 for protocol, body in publication.bodies.items()}
     return {k: v for k, v in message.items() if v is not None}
 
@@ -263,7 +275,8 @@ async def _send_sealed(conn: Connection, copies: list[dict[str, Any]],
         body, content_type = keyring.seal(copy["body"], copy.get("content_type"))
         outgoing = types.OutgoingMessage(body=body, content_type=content_type, headers=copy.get("headers"),
                                          delay=copy.get("delay"), group_id=copy.get("group_id"),
-                                         dedup_id=copy.get("dedup_id"))
+                                         dedup_id=copy.get("dedup_id"),
+                                         system_attributes=copy.get("system_attributes"))
         [sent] = await messages.send_batch(conn, copy["queue"], [outgoing])
         done.append(types.StoredCopy(queue=copy["queue"], id=sent.id, message_uuid=sent.message_uuid))
     return tuple(done)

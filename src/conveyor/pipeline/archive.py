@@ -2,57 +2,69 @@
 into a Delta table partitioned by date, incrementally and exactly once across runs and
 crashes.
 
-A Structured Streaming query reads the ``conveyor`` source (offsets: tick ids, or archive
-marks) and hands each micro-batch to ``_sink`` (foreachBatch, on the driver). The rows
-never come to the driver: each Spark task writes its own Parquet files into the table's
-directory (``DataFrame.mapInArrow`` running pipeline.datafiles.Task) and returns only a
-description of each file; the driver collects those of the successful task attempts and
-commits exactly these files as one Delta commit, with the micro-batch id as the table's
-application-transaction version for this run (lake.commit_files). Spark's checkpoint
-(default: ``<table>/_checkpoint``, beside the data, so the two travel together) records
-which offsets each micro-batch covers, and replays the last one after a crash with the
-same offsets, hence the same rows; if that micro-batch had reached the table before the
-crash, the table already holds its id and the replay is skipped. Every reader of the
-table therefore sees each event once.
+The driver runs the micro-batches itself, with the ``conveyor`` source's streaming
+readers (conveyor.spark.streaming: offsets are tick ids, or archive marks) and a
+checkpoint in Spark's format (pipeline.checkpoint; default ``<table>/_checkpoint``,
+beside the data, so the two travel together): before a micro-batch reads anything, its
+end offset is recorded; after a crash the last unfinished micro-batch runs again with the
+same offsets, hence the same rows. Its rows go from PostgreSQL straight into Parquet
+files in the table's directory (pipeline.datafiles), written where they are read: by the
+Spark tasks, each reading its slices of the micro-batch with its own connection (an RDD
+job; the rows never cross into the JVM and never reach the driver), or, for a micro-batch
+of at most ``rows_per_task`` rows, by the driver alone (a Spark job's fixed cost, about a
+second, is more than writing that many rows; Spark is started only when a micro-batch
+needs it). Each task returns only a description of each file; the driver commits exactly
+the files of the successful task attempts as one Delta commit, with the micro-batch id as
+the table's application-transaction version for this run (lake.commit_files). If that
+micro-batch had reached the table before a crash, the table already holds its id and the
+replay is skipped. Every reader of the table therefore sees each event once. A task gets
+at least about ``rows_per_task`` rows (at most ``partitions`` tasks), so a small
+micro-batch makes one file per date, not one per task.
 
 Files that no commit lists (a failed, killed or speculative task attempt's, or those of
 a micro-batch whose driver died before its commit) are invisible to every Delta reader.
 Their names carry the run and the micro-batch id, and they are deleted once that
 micro-batch is in the table: right after its commit, or when its replay is skipped.
 Files of a run whose checkpoint was thrown away before it replayed, or finished after the
-sweep by an attempt Spark had given up on, are only removed by
-``DeltaTable.vacuum(full=True)`` (delta-rs), which deletes unlisted files past a
-retention period.
+sweep by an attempt Spark had given up on, are only removed by ``lake.compact`` (delta-rs
+vacuum), which deletes unlisted files past a retention period.
 
-``once`` runs Trigger.AvailableNow (everything there is now, in micro-batches of at most
-``max_events``, then stop); otherwise a micro-batch every ``interval`` seconds until
-``stop`` is set.
+``once`` is Trigger.AvailableNow: everything there is when the run starts, in
+micro-batches of at most ``max_events``, then stop. Otherwise a micro-batch starts every
+``interval`` seconds (at once when the last one took longer) until ``stop`` is set; each
+reports its rate and what is left waiting (pipeline.progress).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
+import math
 import os
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
 from conveyor import errors
-from conveyor.db import sync
-from conveyor.pipeline import datafiles, lake
+from conveyor.pipeline import checkpoint, datafiles, human, lake, session
+from conveyor.spark import options as source_options
+from conveyor.spark import slices, streaming
 
 RUN_FILE = "conveyor-archive.json"
 # Fault injection for the crash tests, comma-separated: "kill-after-commit:<batch id>"
-# SIGKILLs this process right after that micro-batch's Delta commit, before Spark records
-# it (and before its stray files are swept); "kill-task:<batch id>" SIGKILLs the Python
-# worker of each task's first attempt of that micro-batch once its files are written
-# (Spark retries the task if its master allows task failures, e.g. local[2,3]).
+# SIGKILLs this process right after that micro-batch's Delta commit, before the
+# checkpoint records it (and before its stray files are swept); "kill-task:<batch id>"
+# SIGKILLs the Python worker of each Spark task's first attempt of that micro-batch once
+# its files are written (Spark retries the task if its master allows task failures, e.g.
+# local[2,3]).
 FAULT_ENV = "CONVEYOR_PIPELINE_FAULT"
 
 
@@ -69,12 +81,15 @@ class ArchiveJob:
     starting_position: str | None = None
     max_events: int | None = 100_000
     partitions: int = 4
+    rows_per_task: int = 10_000
 
     def __post_init__(self) -> None:
         if (self.stream is None) == (self.queue is None):
             raise errors.InvalidInput("archive either a stream or a queue")
         if self.interval <= 0:
             raise errors.InvalidInput("the interval must be positive")
+        if self.partitions < 1 or self.rows_per_task < 1 or (self.max_events is not None and self.max_events < 1):
+            raise errors.InvalidInput("partitions, rows per task and max events must be at least 1")
 
     @property
     def source(self) -> str:
@@ -91,6 +106,7 @@ class ArchiveResult:
     rows: int = 0
     skipped: int = 0
     files: int = 0
+    spark_batches: int = 0  # micro-batches written by Spark tasks (the others: by the driver)
     swept: int = 0  # files of failed task attempts deleted
     seconds: float = 0.0
     table_version: int | None = None
@@ -117,18 +133,16 @@ def run_id(job: ArchiveJob) -> str:
     return rid
 
 
-def _reader(spark: Any, job: ArchiveJob) -> Any:
-    reader = (spark.readStream.format("conveyor").option("dsn", job.dsn)
-              .option("numPartitions", str(job.partitions)))
-    if job.max_events:
-        reader = reader.option("maxEventsPerTrigger", str(job.max_events))
-    # an archive starts from the oldest event still kept unless told otherwise (a new
-    # consumer of the stream would otherwise start at the latest tick and archive nothing
-    # of what is already there)
-    reader = reader.option("startingPosition", job.starting_position or "earliest")
+def _reader(job: ArchiveJob) -> streaming.StreamReader | streaming.ArchiveReader:
+    """The ``conveyor`` source's streaming reader of the job's source. An archive starts
+    from the oldest event still kept unless told otherwise (a new consumer of the stream
+    would otherwise start at the latest tick and archive nothing of what is already there)."""
+    raw = {"dsn": job.dsn, "numPartitions": str(job.partitions),
+           "startingPosition": job.starting_position or "earliest"}
     if job.stream is not None:
-        return reader.option("stream", job.stream).option("consumer", job.consumer).option("tick", "true").load()
-    return reader.option("queue", job.queue).option("kind", "archive").load()
+        options = source_options.parse({**raw, "stream": job.stream, "consumer": job.consumer, "tick": "true"})
+        return streaming.StreamReader(options)
+    return streaming.ArchiveReader(source_options.parse({**raw, "queue": str(job.queue), "kind": "archive"}))
 
 
 def _faults(batch_id: int) -> set[str]:
@@ -137,16 +151,40 @@ def _faults(batch_id: int) -> set[str]:
     return {f.removesuffix(suffix) for f in os.environ.get(FAULT_ENV, "").split(",") if f.endswith(suffix)}
 
 
-def _write_files(frame: Any, job: ArchiveJob, rid: str, batch_id: int, kill: bool) -> list[datafiles.File]:
-    """Every task writes its rows into the table's directory; the driver collects only
-    the files' descriptions, those of the successful attempts (Spark keeps one result per
-    task). A stream's events get ``archived_at`` (when this micro-batch ran) and their
-    date from ``created_at``; a queue's archive rows have both already."""
+def groups(parts: Sequence[slices.Slice], rows_per_task: int) -> list[list[slices.Slice]]:
+    """The slices of a micro-batch in tasks of at least about ``rows_per_task`` rows (by
+    the planner's estimates), in order; one group when the whole is that small."""
+    n = max(1, min(len(parts), math.ceil(sum(p.rows for p in parts) / rows_per_task)))
+    size = max(1, math.ceil(len(parts) / n))
+    return [list(parts[i:i + size]) for i in range(0, len(parts), size)] or [[]]
+
+
+@dataclass(frozen=True)
+class _Write:
+    """A Spark task (pickled to the executors): read its slices, write their rows."""
+
+    options: source_options.Options
+    task: datafiles.Task
+
+    def __call__(self, parts: Iterator[list[slices.Slice]]) -> Iterator[datafiles.File]:
+        for group in parts:
+            yield from self.task.files(itertools.chain.from_iterable(slices.read(self.options, s) for s in group))
+
+
+def _write_files(spark: Any, reader: Any, job: ArchiveJob, rid: str, batch_id: int, start: dict[str, Any],
+                 end: dict[str, Any], kill: bool) -> tuple[list[datafiles.File], bool]:
+    """The files of the micro-batch (start, end], and whether Spark tasks wrote them. A
+    stream's events get ``archived_at`` (when this micro-batch ran) and their date from
+    ``created_at``; a queue's archive rows have both already."""
     stream = job.stream is not None
     task = datafiles.Task(root=str(job.path.resolve()), name_prefix=datafiles.prefix(rid, batch_id),
                           date_column="created_at" if stream else "archived_at",
                           archived_at=dt.datetime.now(dt.UTC) if stream else None, kill_first_attempt=kill)
-    return datafiles.from_rows(frame.mapInArrow(task, datafiles.DESCRIPTION).collect())
+    parts = groups(reader.partitions(start, end), job.rows_per_task)
+    if len(parts) == 1 and sum(p.rows for p in parts[0]) <= job.rows_per_task and not kill:
+        return list(_Write(reader.options, task)(iter(parts))), False
+    context = _session(spark).sparkContext
+    return context.parallelize(parts, len(parts)).mapPartitions(_Write(reader.options, task)).collect(), True
 
 
 def _sweep(job: ArchiveJob, rid: str, batch_id: int, files: list[datafiles.File] | None = None) -> int:
@@ -161,95 +199,111 @@ def _sweep(job: ArchiveJob, rid: str, batch_id: int, files: list[datafiles.File]
     return len(datafiles.sweep(job.path, name, lake.files(table) if table is not None else set()))
 
 
-def _sink(job: ArchiveJob, rid: str, result: ArchiveResult, progress: Callable[[str], None],
-          failures: list[errors.ConveyorError]) -> Callable[[Any, int], None]:
-    def skip(batch_id: int) -> None:
-        result.skipped += 1
-        result.swept += _sweep(job, rid, batch_id)
-        progress(f"batch {batch_id}: already in the table (replayed after a restart), skipped")
+def _session(spark: Any) -> Any:
+    return spark.get() if isinstance(spark, session.Lazy) else spark
 
-    def write(frame: Any, batch_id: int) -> None:
-        try:
-            archive(frame, batch_id)
-        except errors.ConveyorError as exc:  # Spark wraps it; run() raises it as it is
-            failures.append(exc)
-            raise
 
-    def archive(frame: Any, batch_id: int) -> None:
-        started = time.monotonic()
-        done = lake.committed(job.path, rid)
-        if done is not None and done >= batch_id:
-            skip(batch_id)
-            return
-        faults = _faults(batch_id)
-        files = _write_files(frame, job, rid, batch_id, kill="kill-task" in faults)
-        if not files:
-            return
-        if not lake.commit_files(job.path, files, rid, batch_id, {"conveyor.source": job.source}):
-            skip(batch_id)  # committed meanwhile: what was just written goes
-            return
-        if "kill-after-commit" in faults:
-            os.kill(os.getpid(), signal.SIGKILL)
-        result.swept += _sweep(job, rid, batch_id, files)
-        rows = sum(f.rows for f in files)
-        result.batches += 1
-        result.rows += rows
-        result.files += len(files)
-        took = time.monotonic() - started
-        progress(f"batch {batch_id}: {rows:,} rows in {len(files)} file(s) in {took:.1f}s "
-                 f"({rows / max(took, 1e-6):,.0f} rows/s); {result.rows:,} rows this run")
+def _archive(spark: Any, reader: Any, job: ArchiveJob, rid: str, batch_id: int, start: dict[str, Any],
+             end: dict[str, Any], result: ArchiveResult, progress: Callable[[str], None]) -> str | None:
+    """Micro-batch ``batch_id``: its files written and committed as one Delta commit (or
+    skipped, if a run before a crash had committed it). Returns what to report of it."""
+    started = time.monotonic()
+    done = lake.committed(job.path, rid)
+    if done is not None and done >= batch_id:
+        _skip(job, rid, batch_id, result, progress)
+        return None
+    faults = _faults(batch_id)
+    files, on_spark = _write_files(spark, reader, job, rid, batch_id, start, end, kill="kill-task" in faults)
+    if not files:
+        return None
+    if not lake.commit_files(job.path, files, rid, batch_id, {"conveyor.source": job.source}):
+        _skip(job, rid, batch_id, result, progress)  # committed meanwhile: what was just written goes
+        return None
+    if "kill-after-commit" in faults:
+        os.kill(os.getpid(), signal.SIGKILL)
+    result.swept += _sweep(job, rid, batch_id, files)
+    rows = sum(f.rows for f in files)
+    result.batches += 1
+    result.spark_batches += on_spark
+    result.rows += rows
+    result.files += len(files)
+    took = time.monotonic() - started
+    return (f"batch {batch_id}: {human.count(rows, 'row')} in {human.count(len(files), 'file')} in "
+            f"{human.duration(took)} ({human.rate(rows, took)}, {'Spark tasks' if on_spark else 'the driver'}); "
+            f"{human.count(result.rows, 'row')} this run")
 
-    return write
+
+def _skip(job: ArchiveJob, rid: str, batch_id: int, result: ArchiveResult, progress: Callable[[str], None]) -> None:
+    result.skipped += 1
+    result.swept += _sweep(job, rid, batch_id)
+    progress(f"batch {batch_id}: already in the table (replayed after a restart), skipped")
+
+
+def _resume(reader: Any, log: checkpoint.Log) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
+    """Where the run starts: (next micro-batch id, its start offset, its end offset if it
+    is a replay of one the checkpoint planned and did not finish)."""
+    last = log.last()
+    if last is None:
+        return 0, reader.initialOffset(), None
+    if last.committed:
+        return last.id + 1, last.end, None
+    return last.id, log.offset(last.id - 1) if last.id else reader.initialOffset(), last.end
+
+
+def _waiting(reader: Any, end: dict[str, Any]) -> int:
+    """About how many rows are left after ``end`` (the source's latest offset, unlimited)."""
+    latest = reader.latestOffset(end, ReadAllAvailable())
+    return sum(p.rows for p in reader.partitions(end, latest)) if latest != end else 0
 
 
 def run(spark: Any, job: ArchiveJob, progress: Callable[[str], None] = lambda _: None,
         stop: threading.Event | None = None) -> ArchiveResult:
-    """Run the archive query until it has archived everything (``once``) or ``stop`` is set."""
+    """Archive until everything there was at the start is in the table (``once``) or
+    ``stop`` is set. ``spark``: a session, or a session.Lazy (started only if a
+    micro-batch is larger than ``rows_per_task``), or None: a local one started if
+    needed and stopped at the end."""
+    if spark is None:
+        own = session.Lazy()
+        try:
+            return run(own, job, progress, stop)
+        finally:
+            own.stop()
     rid = run_id(job)
     result = ArchiveResult()
-    failures: list[errors.ConveyorError] = []
     started = time.monotonic()
-    writer = (_reader(spark, job).writeStream.queryName(f"conveyor_archive_{uuid.uuid4().hex[:8]}")
-              .option("checkpointLocation", str(job.checkpoint_dir))
-              .foreachBatch(_sink(job, rid, result, progress, failures)))
-    writer = writer.trigger(availableNow=True) if job.once else writer.trigger(processingTime=f"{job.interval} seconds")
+    reader = _reader(job)
+    log = checkpoint.Log(job.checkpoint_dir)
+    limit = ReadMaxRows(job.max_events) if job.max_events else ReadAllAvailable()
     progress(f"archiving {job.source} into {job.path} ({'everything available now' if job.once else 'continuously'})")
-    query = writer.start()
-    try:
-        while not query.awaitTermination(1.0):
-            if stop is not None and stop.is_set():
-                query.stop()
-                break
-    except Exception as exc:  # the query failed (pyspark's StreamingQueryException)
-        if failures:
-            raise failures[0] from exc
-        raise errors.InternalError(f"the archive query failed: {exc}") from exc
-    finally:
-        if query.isActive:
-            query.stop()
-    if query.exception() is not None:
-        raise errors.InternalError(f"the archive query failed: {query.exception()}")
-    result.end_offset = _end_offset(query)
-    if job.stream is not None and result.end_offset:
-        _advance(job, result.end_offset)
+    batch_id, start, replay = _resume(reader, log)
+    if job.once:
+        reader.prepareForTriggerAvailableNow()
+    while stop is None or not stop.is_set():
+        began = time.monotonic()
+        end = replay if replay is not None else reader.latestOffset(start, limit)
+        replay = None
+        if end == start and job.once:
+            break
+        if end != start:
+            log.plan(batch_id, end)
+            line = _archive(spark, reader, job, rid, batch_id, start, end, result, progress)
+            log.commit(batch_id)
+            reader.commit(end)
+            result.end_offset = end
+            start, batch_id = end, batch_id + 1
+            if line is not None:  # continuously: and how far behind the source it is
+                progress(line if job.once else f"{line}; about {human.count(_waiting(reader, start), 'row')} waiting")
+        if not job.once:
+            _sleep(stop, job.interval - (time.monotonic() - began))
     table = lake.open_table(job.path)
     result.table_version = table.version() if table is not None else None
     result.seconds = time.monotonic() - started
     return result
 
 
-def _end_offset(query: Any) -> dict[str, Any] | None:
-    progress = query.lastProgress
-    if not progress or not progress.get("sources"):
-        return None
-    end = progress["sources"][0].get("endOffset")
-    return json.loads(end) if isinstance(end, str) else end
-
-
-def _advance(job: ArchiveJob, end: dict[str, Any]) -> None:
-    """Spark commits a source's offsets one micro-batch late and never at stop: move the
-    consumer to what the table now holds, so its lag reads true."""
-    if end.get("stream") == job.stream and isinstance(end.get("tick"), int):
-        with sync.connect(job.dsn) as conn:
-            sync.fetch_value(conn, "pipeline_stream_advance",
-                             {"stream": job.stream, "consumer": job.consumer, "tick": end["tick"]})
+def _sleep(stop: threading.Event | None, seconds: float) -> None:
+    if seconds > 0:
+        if stop is not None:
+            stop.wait(seconds)
+        else:
+            time.sleep(seconds)

@@ -1,7 +1,7 @@
 """The Parquet files of a lake table, written where the rows are: in the Spark tasks.
 
-Each task attempt of a micro-batch (:class:`Task`, run through ``DataFrame.mapInArrow``)
-writes its rows into the table's directory, Hive style (``date=YYYY-MM-DD/``, one file
+Each task attempt of a micro-batch (:class:`Task`: a Spark task, or the driver itself
+for a small micro-batch; pipeline.archive) writes its rows into the table's directory, Hive style (``date=YYYY-MM-DD/``, one file
 for each date it meets), under a name no other attempt can take —
 ``part-<run>-<micro-batch>-<uuid>.snappy.parquet`` — and hands back one small
 :class:`File` per file (path, size, partition value, rows, Delta statistics, the file's
@@ -24,8 +24,8 @@ import json
 import os
 import signal
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,6 @@ PARTITION = "date"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # Hive's (and delta-rs's) directory for a null date
 ROW_GROUP_ROWS = 50_000
 STRING_STATS_CHARS = 32  # as Delta's writers: longer values get a min prefix and no max
-
-# what a task hands back for each file it wrote (Spark DDL, for mapInArrow)
-DESCRIPTION = ("path string, size long, date string, rows long, modified_ms long, stats string, "
-               "arrow_schema binary")
-
 
 @dataclass(frozen=True)
 class File:
@@ -183,23 +178,10 @@ def write(root: str | Path, name_prefix: str, batches: Iterable[pa.RecordBatch])
     return [open_file.close() for open_file in files.values()]
 
 
-def to_batch(files: Sequence[File]) -> pa.RecordBatch:
-    """The descriptions as the record batch a mapInArrow task returns (DESCRIPTION)."""
-    rows = [asdict(f) for f in files]
-    return pa.RecordBatch.from_pylist(rows, schema=pa.schema([
-        ("path", pa.string()), ("size", pa.int64()), ("date", pa.string()), ("rows", pa.int64()),
-        ("modified_ms", pa.int64()), ("stats", pa.string()), ("arrow_schema", pa.binary())]))
-
-
-def from_rows(rows: Iterable[Any]) -> list[File]:
-    """The descriptions as the driver collects them (Spark Rows)."""
-    return [File(**{**row.asDict(), "arrow_schema": bytes(row["arrow_schema"])}) for row in rows]
-
-
 @dataclass(frozen=True)
 class Task:
-    """What each Spark task of a micro-batch runs (pickled to the executors): write the
-    task's rows under ``root``, partitioned by the UTC day of ``date_column``; return the
+    """What each task of a micro-batch runs (pickled to the executors): write the task's
+    rows under ``root``, partitioned by the UTC day of ``date_column``; return the
     descriptions. With ``archived_at``, every row gets that column (a stream's events:
     when the micro-batch ran). ``kill_first_attempt`` is fault injection for the crash
     tests: the first attempt of each task SIGKILLs its Python worker once its files are
@@ -217,16 +199,15 @@ class Task:
             batch = batch.append_column("archived_at", stamp)
         return with_date(batch, self.date_column)
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        files = write(self.root, self.name_prefix, (self._prepare(b) for b in batches))
+    def files(self, batches: Iterable[pa.RecordBatch]) -> list[File]:
+        files = write(self.root, self.name_prefix, (self._prepare(b) for b in batches if b.num_rows))
         if self.kill_first_attempt:
             from pyspark import TaskContext
 
             context = TaskContext.get()
             if context is not None and context.attemptNumber() == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
-        if files:
-            yield to_batch(files)
+        return files
 
 
 def sweep(root: str | Path, name_prefix: str, keep: Iterable[str], dates: Iterable[str | None] | None = None) -> list[str]:

@@ -102,3 +102,20 @@ def live_files(path: str | Path) -> list[str]:
 def files(table: DeltaTable) -> set[str]:
     """The table's current files, relative to its root (as the log lists them)."""
     return set(pa.table(table.get_add_actions()).column("path").to_pylist())
+
+
+def compact(path: str | Path, retention_hours: int = 168) -> dict[str, int]:
+    """Keeps a table healthy, with delta-rs: small files of each date merged into larger
+    ones (``optimize.compact``: one Delta commit that changes no data, so readers and the
+    archive's replay check are unaffected and an archive may append meanwhile), then the
+    files no version younger than ``retention_hours`` lists deleted (``vacuum``, full:
+    the replaced files, and stray files of failed task attempts). Time travel to versions
+    older than the retention is given up; 0 keeps only the current version."""
+    table = open_table(path)
+    if table is None:
+        raise errors.InvalidInput(f"{path} is not a Delta table")
+    merged = table.optimize.compact()
+    removed = table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False,
+                           full=True)
+    return {"files_added": int(merged.get("numFilesAdded", 0)), "files_replaced": int(merged.get("numFilesRemoved", 0)),
+            "files_deleted": len(removed)}

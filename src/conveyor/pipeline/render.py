@@ -7,8 +7,10 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
+import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -23,12 +25,27 @@ def _label(s: SourceFigures) -> str:
     return f"{s.kind} {s.name}"
 
 
+def with_zeros(points: list[dict[str, Any]]) -> list[tuple[dt.datetime, int]]:
+    """The per-minute counts with a zero in the minute after and the minute before each
+    run of minutes without events, so the line drops to zero there instead of joining the
+    counts on either side (one point per gap edge: a month-long gap costs two points)."""
+    minute = dt.timedelta(minutes=1)
+    out: list[tuple[dt.datetime, int]] = []
+    for before, after in itertools.zip_longest(points, points[1:]):
+        out.append((before["minute"], before["count"]))
+        if after is not None and after["minute"] - before["minute"] > minute:
+            out.append((before["minute"] + minute, 0))
+            if after["minute"] - before["minute"] > 2 * minute:
+                out.append((after["minute"] - minute, 0))
+    return out
+
+
 def throughput_chart(report: Report, target: Path) -> Path:
     fig, ax = plt.subplots(figsize=(9, 4), dpi=100)
     for s in report.sources:
-        points = s.throughput_per_minute
+        points = with_zeros(s.throughput_per_minute)
         if points:
-            ax.plot([p["minute"] for p in points], [p["count"] for p in points], marker="o", label=_label(s))
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=_label(s))
     ax.set_title("Throughput per minute")
     ax.set_ylabel("messages / events per minute")
     if any(s.throughput_per_minute for s in report.sources):
@@ -57,7 +74,7 @@ def latency_chart(report: Report, target: Path) -> Path:
         ax.bar([x + i * width for x in range(len(names))],
                [s.latency_ms.get(key, 0.0) for s in report.sources], width=width, label=key)
     ax.set_xticks([x + width for x in range(len(names))], names, rotation=15, ha="right")
-    ax.set_title("End-to-end latency (enqueue to archive/ack)")
+    ax.set_title("Latency: queues enqueue to acknowledgement; streams append to archive (when the job ran)")
     ax.set_ylabel("milliseconds")
     ax.legend(fontsize="small")
     fig.tight_layout()
@@ -86,6 +103,7 @@ def _percent(value: float | None) -> str:
 def _row(s: SourceFigures) -> str:
     cells = [s.kind, s.name, f"{s.messages:,}", f"{s.mean_per_minute:,.1f}", f"{s.peak_per_minute:,}",
              *(f"{s.latency_ms[k]:,.1f}" if k in s.latency_ms else "-" for k in ("p50", "p95", "p99")),
+             *(f"{s.first_delivery_ms[k]:,.1f}" if k in s.first_delivery_ms else "-" for k in ("p50", "p99")),
              f"{s.retried:,} ({_percent(s.retry_rate)})",
              "-" if s.dead_lettered is None else f"{s.dead_lettered:,} ({_percent(s.dead_letter_rate)})"]
     return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
@@ -105,8 +123,8 @@ def write(report: Report, out: Path) -> dict[str, Path]:
     throughput_chart(report, files["throughput"])
     latency_chart(report, files["latency"])
     notes = [f"<li>{html.escape(_label(s))}: {html.escape(n)}</li>" for s in report.sources for n in s.notes]
-    headers = ["kind", "name", "total", "mean/min", "peak/min", "p50 ms", "p95 ms", "p99 ms", "retried",
-               "dead-lettered"]
+    headers = ["kind", "name", "total", "mean/min", "peak/min", "latency p50 ms", "p95 ms", "p99 ms",
+               "first delivery p50 ms", "p99 ms", "retried", "dead-lettered"]
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Conveyor pipeline report</title>
 <style>
@@ -125,7 +143,11 @@ img {{ display: block; margin: 1em 0; max-width: 100%; }}
 {"<ul>" + "".join(notes) + "</ul>" if notes else ""}
 <h2>Throughput</h2>{_image(files["throughput"], "throughput per minute")}
 <h2>Latency</h2>{_image(files["latency"], "latency percentiles")}
-<p>Latency: queues from send to archive (acknowledgement), streams from append to archive.
+<p>Latency: for a queue, from send to acknowledgement (a message is archived when its consumer deletes
+it); first delivery: from send to the first receive, the wait in the queue. For a stream, from append
+to archive: the archive job writes the archived time, so this measures when the job ran, not how fast
+consumers were (run <code>conveyor pipeline archive</code> continuously and it comes close to the
+job's interval). Mean per minute counts the minutes without events as zero, as the chart does.
 Retried: messages received more than once (queues), events delivered again (streams).
 The same figures are in report.json.</p>
 </body></html>

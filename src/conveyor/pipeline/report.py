@@ -3,13 +3,19 @@
 Spark reads exactly the Parquet files of each Delta table's current version (the Delta
 log lists them; no Delta jars needed), as two views: ``queue_archive`` (the archives of
 queues) and ``stream_events`` (archived stream events). Per queue or stream it computes
-throughput per minute, end-to-end latency percentiles (queues: sent to archived, i.e.
-enqueue to acknowledgement; streams: appended to archived), retries and dead letters.
+throughput per minute (minutes without any count as zero), latency percentiles,
+retries and dead letters.
+
+Latency: a queue's messages are archived when their consumer deletes (acknowledges) them,
+so ``latency_ms`` is enqueue to acknowledgement, and ``first_delivery_ms`` enqueue to
+first delivery (the wait in the queue). A stream's events are archived by the archive
+job, so its ``latency_ms`` (append to archive) mostly measures when the job ran: it is
+not a delivery latency, and the report says so (``latency_measures``).
 
 Dead letters: a queue's messages that failed are in its own archive with outcome
 ``failed`` (no dead-letter queue) or, once archived there, in its dead-letter queue's
 archive with ``source_queue`` naming it. A stream's dead letters are per consumer and
-stay in the database: with a DSN, they are read through the ``conveyor`` data source.
+stay in the database: they are counted there (distinct events) when a DSN is given.
 """
 
 from __future__ import annotations
@@ -21,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from conveyor import errors
+from conveyor.db import sync
 from conveyor.pipeline import lake
 
 PERCENTILES = (0.5, 0.95, 0.99)
 
 _QUEUE_SQL = """
 WITH finished AS (
-    SELECT queue AS source, sent_at, archived_at, receive_count,
+    SELECT queue AS source, sent_at, archived_at, first_received_at, receive_count,
            outcome = 'failed' AND source_queue IS NULL AS failed_here
       FROM queue_archive
 ), dead AS (
@@ -41,6 +48,8 @@ SELECT f.source,
        sum(CASE WHEN f.receive_count > 1 THEN 1 ELSE 0 END) AS retried,
        sum(greatest(f.receive_count - 1, 0)) AS retries,
        percentile((unix_micros(f.archived_at) - unix_micros(f.sent_at)) / 1000.0, array({pcts})) AS latency,
+       percentile((unix_micros(f.first_received_at) - unix_micros(f.sent_at)) / 1000.0, array({pcts}))
+           AS first_delivery,
        min(f.archived_at) AS first_at, max(f.archived_at) AS last_at
   FROM finished f LEFT JOIN dead d ON d.source = f.source
  GROUP BY f.source ORDER BY f.source
@@ -55,13 +64,12 @@ SELECT stream AS source, count(*) AS messages,
   FROM stream_events GROUP BY stream ORDER BY stream
 """
 
-_PER_MINUTE_SQL = """
-SELECT 'queue' AS kind, queue AS source, date_trunc('minute', archived_at) AS minute, count(*) AS n
-  FROM queue_archive GROUP BY 1, 2, 3
-UNION ALL
-SELECT 'stream', stream, date_trunc('minute', created_at), count(*) FROM stream_events GROUP BY 1, 2, 3
-ORDER BY 1, 2, 3
-"""
+_PER_MINUTE_SQL = {  # a SELECT per kind, UNION ALL of those with tables
+    "queue": "SELECT 'queue' AS kind, queue AS source, date_trunc('minute', archived_at) AS minute, count(*) AS n "
+             "FROM queue_archive GROUP BY 1, 2, 3",
+    "stream": "SELECT 'stream' AS kind, stream AS source, date_trunc('minute', created_at) AS minute, count(*) AS n "
+              "FROM stream_events GROUP BY 1, 2, 3",
+}
 
 
 @dataclass
@@ -77,6 +85,8 @@ class SourceFigures:
     dead_letter_rate: float | None
     first_at: dt.datetime | None
     last_at: dt.datetime | None
+    latency_measures: str = ""
+    first_delivery_ms: dict[str, float] = field(default_factory=dict)
     throughput_per_minute: list[dict[str, Any]] = field(default_factory=list)
     peak_per_minute: int = 0
     mean_per_minute: float = 0.0
@@ -122,22 +132,28 @@ def _kind(table: Path) -> str:
 
 
 def _views(spark: Any, tables: Sequence[Path]) -> dict[str, list[Path]]:
-    """Registers queue_archive and stream_events over the tables' live files."""
+    """Registers queue_archive and stream_events over the tables' live files. Spark is
+    given the columns' types (no job to infer them from the files' footers)."""
     by_kind: dict[str, list[Path]] = {"queue": [], "stream": []}
     for table in tables:
         by_kind[_kind(table)].append(table)
     for kind, view, schema in (("queue", "queue_archive", _QUEUE_SCHEMA), ("stream", "stream_events", _STREAM_SCHEMA)):
-        frames = [spark.read.option("basePath", str(t)).parquet(*lake.live_files(t))
-                  for t in by_kind[kind] if lake.live_files(t)]
-        frame = spark.createDataFrame([], schema)
-        for f in frames:
-            frame = frame.unionByName(f.select(*frame.columns))
-        frame.createOrReplaceTempView(view)
+        frame = None
+        for table in by_kind[kind]:
+            files = lake.live_files(table)
+            if files:
+                read = spark.read.schema(schema).option("basePath", str(table)).parquet(*files)
+                read = read.select(*(f.split()[0] for f in schema.split(", ")))
+                frame = read if frame is None else frame.unionByName(read)
+        if frame is None:  # no rows of this kind: its figures are skipped, not computed over nothing
+            by_kind[kind] = []
+        else:
+            frame.createOrReplaceTempView(view)
     return by_kind
 
 
-_QUEUE_SCHEMA = ("queue string, sent_at timestamp, archived_at timestamp, receive_count int, "
-                 "source_queue string, outcome string")
+_QUEUE_SCHEMA = ("queue string, sent_at timestamp, archived_at timestamp, first_received_at timestamp, "
+                 "receive_count int, source_queue string, outcome string")
 _STREAM_SCHEMA = "stream string, created_at timestamp, archived_at timestamp, retry_count int"
 
 
@@ -151,10 +167,21 @@ def _rate(part: int | None, whole: int) -> float | None:
     return None if part is None else (round(part / whole, 6) if whole else 0.0)
 
 
-def _stream_dead_letters(spark: Any, dsn: str, stream: str) -> int:
-    frame = (spark.read.format("conveyor").option("dsn", dsn).option("stream", stream)
-             .option("kind", "dead_letters").load())
-    return int(frame.select("event_id").distinct().count())
+def _stream_dead_letters(dsn: str, stream: str) -> int | None:
+    """The stream's events dead-lettered by any consumer (None: the stream is gone)."""
+    with sync.connect(dsn) as conn:
+        count = sync.fetch_value(conn, "pipeline_stream_dead_letter_events", {"stream": stream})
+    return None if count is None else int(count)
+
+
+def _minutes(points: list[dict[str, Any]]) -> int:
+    """The minutes from the first with a count to the last, both included."""
+    return int((points[-1]["minute"] - points[0]["minute"]).total_seconds() // 60) + 1 if points else 0
+
+
+QUEUE_LATENCY = "enqueue to acknowledgement (archived when its consumer deleted it)"
+STREAM_LATENCY = ("append to archive: when the archive job ran, not a delivery latency (run `pipeline archive` "
+                  "continuously for it to come close)")
 
 
 def build(spark: Any, paths: Sequence[str | Path], dsn: str | None = None,
@@ -164,33 +191,41 @@ def build(spark: Any, paths: Sequence[str | Path], dsn: str | None = None,
     if not tables:
         raise errors.InvalidInput(f"no Delta tables found in {', '.join(map(str, paths))}")
     progress(f"reading {len(tables)} table(s)")
-    _views(spark, tables)
+    kinds = _views(spark, tables)
     pcts = ", ".join(str(p) for p in PERCENTILES)
     sources: list[SourceFigures] = []
-    progress("computing queue figures")
-    for r in spark.sql(_QUEUE_SQL.format(pcts=pcts)).collect():
+    if kinds["queue"]:
+        progress("computing queue figures")
+    for r in spark.sql(_QUEUE_SQL.format(pcts=pcts)).collect() if kinds["queue"] else []:
         sources.append(SourceFigures(
             kind="queue", name=r.source, messages=r.messages, latency_ms=_latency(r.latency),
             retried=r.retried, retries=r.retries, retry_rate=_rate(r.retried, r.messages) or 0.0,
             dead_lettered=r.dead_lettered, dead_letter_rate=_rate(r.dead_lettered, r.messages + r.via_dead_letter_queue),
-            first_at=r.first_at, last_at=r.last_at))
-    progress("computing stream figures")
-    for r in spark.sql(_STREAM_SQL.format(pcts=pcts)).collect():
-        dead = _stream_dead_letters(spark, dsn, r.source) if dsn else None
+            first_at=r.first_at, last_at=r.last_at, latency_measures=QUEUE_LATENCY,
+            first_delivery_ms=_latency(r.first_delivery)))
+    if kinds["stream"]:
+        progress("computing stream figures")
+    for r in spark.sql(_STREAM_SQL.format(pcts=pcts)).collect() if kinds["stream"] else []:
+        dead = _stream_dead_letters(dsn, r.source) if dsn else None
         figures = SourceFigures(
             kind="stream", name=r.source, messages=r.messages, latency_ms=_latency(r.latency),
             retried=r.retried, retries=r.retries, retry_rate=_rate(r.retried, r.messages) or 0.0,
-            dead_lettered=dead, dead_letter_rate=_rate(dead, r.messages), first_at=r.first_at, last_at=r.last_at)
+            dead_lettered=dead, dead_letter_rate=_rate(dead, r.messages), first_at=r.first_at, last_at=r.last_at,
+            latency_measures=STREAM_LATENCY)
         if dsn is None:
-            figures.notes.append("dead letters not counted: they are in the database (give a database URL)")
+            figures.notes.append("dead letters not counted: run with --dead-letters to count them in the database")
+        elif dead is None:
+            figures.notes.append("dead letters not counted: the stream no longer exists in the database")
         sources.append(figures)
     progress("computing throughput per minute")
     per_minute: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in spark.sql(_PER_MINUTE_SQL).collect():
+    selects = [_PER_MINUTE_SQL[kind] for kind in ("queue", "stream") if kinds[kind]]
+    for r in spark.sql(" UNION ALL ".join(selects) + " ORDER BY 1, 2, 3").collect() if selects else []:
         per_minute.setdefault((r.kind, r.source), []).append({"minute": r.minute, "count": r.n})
     for s in sources:
         s.throughput_per_minute = per_minute.get((s.kind, s.name), [])
         counts = [m["count"] for m in s.throughput_per_minute]
         s.peak_per_minute = max(counts, default=0)
-        s.mean_per_minute = round(sum(counts) / len(counts), 3) if counts else 0.0
+        span = _minutes(s.throughput_per_minute)  # the minutes without any count too
+        s.mean_per_minute = round(sum(counts) / span, 3) if span else 0.0
     return Report(generated_at=dt.datetime.now(dt.UTC), tables=[str(t) for t in tables], sources=sources)

@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,27 @@ def build(master: str = DEFAULT_MASTER, conf: Mapping[str, str] | None = None,
         spark.sparkContext.addPyFile(str(_package_zip()))
     conveyor.spark.register(spark)
     return spark
+
+
+class Lazy:
+    """A session started on first use (``get``): the archive needs Spark only for a
+    micro-batch too large for the driver to write alone, and a JVM takes seconds to start."""
+
+    def __init__(self, master: str = DEFAULT_MASTER, conf: Mapping[str, str] | None = None,
+                 on_start: Callable[[str], None] = lambda _: None) -> None:
+        self.master, self.conf, self.on_start = master, dict(conf or {}), on_start
+        self.session: Any = None
+
+    def get(self) -> Any:
+        if self.session is None:
+            self.on_start(f"starting Spark ({self.master})")
+            self.session = build(self.master, self.conf)
+        return self.session
+
+    def stop(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+            self.session = None
 
 
 def _package_zip() -> Path:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from conveyor import types
-from conveyor.core import receipts, unsubscribe_links
+from conveyor.core import receipts, signing, unsubscribe_links
 
 
 class Broker(Protocol):
@@ -56,6 +56,9 @@ class Broker(Protocol):
     @property
     def unsubscribe_links(self) -> unsubscribe_links.Links:
         """Checks the tokens of SNS unsubscribe links (one key per database)."""
+
+    async def signer(self) -> signing.Signer | None:
+        """The SNS signing key (None: this database role may not read it)."""
 
     def topic_urls(self, base_url: str | None = None) -> types.TopicUrls:
         """ARN region/account and URLs for SNS envelopes; ``base_url`` (what the client

@@ -65,13 +65,22 @@ async def _aws_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def _aws_path(path: str) -> dict[str, str] | None:
-    """The path parameters of an AWS wire path (``/``, ``/{account_id}/{queue_name}``)."""
+    """The path parameters of an AWS wire path (``/``, ``/{account_id}/{queue_name}``, and
+    a queue URL of a region: ``/queue/{region}/{account_id}/{queue_name}``)."""
     if path == "/":
         return {}
-    account, sep, queue = path[1:].partition("/")
-    if sep and account and queue and account not in ("v1", "hq") and "/" not in queue:
-        return {"account_id": account, "queue_name": queue}
+    parts = path[1:].split("/")
+    if len(parts) == 4 and parts[0] == "queue" and all(parts[1:]):
+        return {"region": parts[1], "account_id": parts[2], "queue_name": parts[3]}
+    if len(parts) == 2 and all(parts) and parts[0] not in ("v1", "hq"):
+        return {"account_id": parts[0], "queue_name": parts[1]}
     return None
+
+
+def _aws_route(params: dict[str, str]) -> str:
+    if not params:
+        return "/"
+    return "/queue/{region}/{account_id}/{queue_name}" if "region" in params else "/{account_id}/{queue_name}"
 
 
 _EVERY_PORT = frozenset({"/livez", "/readyz", "/metrics"})
@@ -121,7 +130,7 @@ class App(Starlette):
             if params is not None:
                 scope["app"] = self
                 scope["path_params"] = params
-                scope["conveyor.route"] = "/{account_id}/{queue_name}" if params else "/"
+                scope["conveyor.route"] = _aws_route(params)
                 await self._aws(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
@@ -207,6 +216,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
             Mount("/api/v1", queen_v1),  # Queen's HTTP API (docs/queen.md)
             Mount(hq.PREFIX, hq_api),  # hq's HTTP API, also at the root of the hq port (docs/dialects/hq.md)
             Route("/SimpleNotificationService.pem", sns_certificate.certificate, methods=["GET"]),
+            Route("/SimpleNotificationService-{digest}.pem", sns_certificate.certificate, methods=["GET"]),
             Mount("/ui", ui.app(broker, settings.auth_mode, settings.history_interval)),  # docs/dashboard.md
         ],
         middleware=[

@@ -17,7 +17,7 @@ from conveyor.server.metrics import Metrics
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/v1/openapi.json", "/SimpleNotificationService.pem"})
 # The dashboard's page and its static files hold no data: a browser loads them without
 # credentials, then the page asks for a token and sends it on every /ui/api call.
-OPEN_PREFIXES = ("/ui/static/",)
+OPEN_PREFIXES = ("/ui/static/", "/SimpleNotificationService-")  # the SNS certificate by its digest
 UI_PAGES = frozenset({"/ui", "/ui/"})
 
 

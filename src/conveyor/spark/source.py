@@ -51,11 +51,14 @@ class ConveyorDataSource(DataSource):
         return BatchReader(self.parsed)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        make: type[streaming.PartitionedReader | streaming.StreamReader | streaming.ArchiveReader]
         if self.parsed.partitioned_queue is not None:
-            return streaming.PartitionedReader(self.parsed)
-        if self.parsed.stream is not None:
-            return streaming.StreamReader(self.parsed)
-        return streaming.ArchiveReader(self.parsed)
+            make = streaming.PartitionedReader
+        elif self.parsed.stream is not None:
+            make = streaming.StreamReader
+        else:
+            make = streaming.ArchiveReader
+        return streaming.Several(self.parsed, make) if self.parsed.several else make(self.parsed)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         self._check_write(schema, overwrite)
@@ -66,6 +69,8 @@ class ConveyorDataSource(DataSource):
         return writers.StreamWriter(self.parsed)
 
     def _check_write(self, schema: StructType, overwrite: bool) -> None:
+        if self.parsed.several:
+            raise errors.InvalidInput("write into one queue or stream at a time (not a list or a pattern)")
         if self.parsed.partitioned_queue is not None:
             raise errors.InvalidInput("the conveyor data source reads partitioned queues but does not write them: "
                                       "push through Queen's API (POST /api/v1/push) or conveyor.pqueue_push")

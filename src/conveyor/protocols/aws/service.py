@@ -35,12 +35,15 @@ class Endpoint:
 @dataclass(frozen=True, slots=True)
 class Kind:
     """An error as a service's model states it: the JSON ``__type`` name, the Query
-    protocol's code (also JSON's ``x-amzn-query-error``), HTTP status and fault side."""
+    protocol's code (also JSON's ``x-amzn-query-error``), HTTP status and fault side.
+    An error the service's model does not list is answered by AWS's front end in its own
+    namespace (``json_type``, e.g. ``com.amazon.coral.service#InvalidParameterValueException``)."""
 
     name: str
     query_code: str
     status: int = 400
     sender: bool = True
+    json_type: str = ""
 
 
 # Errors of the protocol layer, the same in every AWS Query service
@@ -73,7 +76,7 @@ class AwsError(Exception):
         self.message = message
 
     def info(self) -> wire.ErrorInfo:
-        return wire.ErrorInfo(self.kind.name, self.kind.query_code, self.kind.status, self.kind.sender,
+        return wire.ErrorInfo(self.kind.json_type or self.kind.name, self.kind.query_code, self.kind.status, self.kind.sender,
                               self.message)
 
 
@@ -155,7 +158,7 @@ def region(endpoint: Endpoint, scope: sigv4.Scope | None) -> str:
 
 
 def protocol(request: Request) -> str:
-    return "json" if wire.is_json(request.headers) else "query"
+    return wire.protocol(request.headers)
 
 
 def read(service: wire.Service, request: Request, body: bytes, request_id: str) -> wire.Call:
@@ -163,7 +166,8 @@ def read(service: wire.Service, request: Request, body: bytes, request_id: str) 
     Query protocol (the action from the form fields)."""
     if wire.is_json(request.headers):
         return wire.parse_json(service, request.headers.get("x-amz-target", ""), body, request_id)
-    return wire.parse_query(service, wire.form_fields(body, query_string(request)), request_id)
+    return wire.parse_query(service, wire.form_fields(body, query_string(request)), request_id,
+                            wire.protocol(request.headers))
 
 
 # -- names ---------------------------------------------------------------------------------

@@ -9,6 +9,12 @@ Query protocol: form fields (body, or query string) with ``Action=<Action>``; an
 XML ``<ActionResponse><ActionResult>...</ActionResult><ResponseMetadata>``; errors are
 ``<ErrorResponse><Error><Type/><Code/><Message/></Error><RequestId/>``.
 
+A Query request that asks for JSON (``Accept: application/json``) is answered in the
+JSON form AWS gives such requests (protocol ``query-json``): the XML document's outer
+elements as objects, ``{"<Action>Response": {"<Action>Result": {...}, "ResponseMetadata":
+{...}}}``, errors as ``{"Error": {"Type", "Code", "Message"}, "RequestId"}``; the result's
+members are the JSON protocol's.
+
 Both are parsed into a ``Call`` with typed parameters through the service's shapes, so
 the handlers behind never see which one was used.
 """
@@ -42,11 +48,12 @@ class Service:
     inputs: Mapping[str, shapes.Struct]
     outputs: Mapping[str, shapes.Struct]
     query_compatible: bool = False  # send x-amzn-query-error with JSON errors
+    error_detail: bool = True  # an empty <Detail/> in Query errors (SQS writes one, SNS does not)
 
 
 @dataclass(frozen=True)
 class ErrorInfo:
-    name: str  # the JSON __type suffix
+    name: str  # the JSON __type suffix, or the whole __type when it has its own namespace
     query_code: str  # the Query protocol's <Code>
     status: int
     sender: bool
@@ -56,7 +63,7 @@ class ErrorInfo:
 @dataclass(frozen=True)
 class Call:
     service: Service
-    protocol: str  # "json" | "query"
+    protocol: str  # "json" | "query" | "query-json" (a Query request answered in JSON)
     action: str
     params: dict[str, Any]
     request_id: str
@@ -78,6 +85,15 @@ def new_request_id() -> str:
 
 def is_json(headers: Mapping[str, str]) -> bool:
     return headers.get("content-type", "").split(";")[0].strip().lower() == JSON_CONTENT_TYPE
+
+
+def protocol(headers: Mapping[str, str]) -> str:
+    """The protocol a request speaks, and how it is answered: JSON by its Content-Type;
+    otherwise Query, answered in XML unless it accepts ``application/json`` (and not XML)."""
+    if is_json(headers):
+        return "json"
+    accept = headers.get("accept", "").lower()
+    return "query-json" if "application/json" in accept and "xml" not in accept else "query"
 
 
 def form_fields(body: bytes, query_string: str) -> dict[str, str]:
@@ -113,15 +129,15 @@ def parse_json(service: Service, target: str, body: bytes, request_id: str) -> C
     return Call(service, "json", action, params, request_id)
 
 
-def parse_query(service: Service, fields: Mapping[str, str], request_id: str) -> Call:
+def parse_query(service: Service, fields: Mapping[str, str], request_id: str, protocol: str = "query") -> Call:
     action = fields.get("Action", "")
     if action not in service.inputs:
-        raise WireError("InvalidAction", f"The action {action or '(none)'} is not valid for this endpoint.", "query")
+        raise WireError("InvalidAction", f"The action {action or '(none)'} is not valid for this endpoint.", protocol)
     try:
         params = shapes.from_query(service.inputs[action], fields)
     except shapes.ShapeError as exc:
-        raise WireError("InvalidParameterValue", _shape_message(exc), "query") from None
-    return Call(service, "query", action, params, request_id)
+        raise WireError("InvalidParameterValue", _shape_message(exc), protocol) from None
+    return Call(service, protocol, action, params, request_id)
 
 
 def _shape_message(exc: shapes.ShapeError) -> str:
@@ -135,6 +151,12 @@ def result(call: Call, value: Mapping[str, Any] | None) -> Response:
     if call.protocol == "json":
         return Response(orjson.dumps(value or {}, default=_blob), media_type=JSON_CONTENT_TYPE, headers=headers)
     action = call.action
+    if call.protocol == "query-json":
+        document: dict[str, Any] = {"ResponseMetadata": {"RequestId": call.request_id}}
+        if action in call.service.outputs:
+            document[f"{action}Result"] = value or {}
+        return Response(orjson.dumps({f"{action}Response": document}, default=_blob),
+                        media_type="application/json", headers=headers)
     inner = ""
     output = call.service.outputs.get(action)
     if output is not None:
@@ -158,12 +180,18 @@ def error(service: Service, protocol: str, info: ErrorInfo, request_id: str) -> 
     if protocol == "json":
         if service.query_compatible:
             headers["x-amzn-query-error"] = f"{info.query_code};{'Sender' if info.sender else 'Receiver'}"
-        body = {"__type": service.json_type_prefix + info.name, "message": info.message}
+        json_type = info.name if "#" in info.name else service.json_type_prefix + info.name
+        body = {"__type": json_type, "message": info.message}
         return Response(orjson.dumps(body), status_code=info.status, media_type=JSON_CONTENT_TYPE,
+                        headers=headers)
+    if protocol == "query-json":
+        document = {"Error": {"Type": "Sender" if info.sender else "Receiver", "Code": info.query_code,
+                              "Message": info.message}, "RequestId": request_id}
+        return Response(orjson.dumps(document), status_code=info.status, media_type="application/json",
                         headers=headers)
     xml = (f'<?xml version="1.0"?><ErrorResponse xmlns="{service.namespace}"><Error>'
            f"<Type>{'Sender' if info.sender else 'Receiver'}</Type>"
            f"<Code>{shapes.xml_text(info.query_code)}</Code>"
-           f"<Message>{shapes.xml_text(info.message)}</Message><Detail/></Error>"
+           f"<Message>{shapes.xml_text(info.message)}</Message>{'<Detail/>' if service.error_detail else ''}</Error>"
            f"<RequestId>{request_id}</RequestId></ErrorResponse>")
     return Response(xml, status_code=info.status, media_type="text/xml", headers=headers)

@@ -25,6 +25,7 @@ from conveyor import types
 from conveyor.protocols.aws.service import RegionScope
 from conveyor.protocols.broker import Broker
 from conveyor.protocols.sns.errors import NO_SUBSCRIPTION, SnsError, invalid, not_found
+from conveyor.protocols.sqs import context as sqs_context
 from conveyor.protocols.sqs.context import is_valid_name as is_valid_queue_name
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
@@ -40,6 +41,7 @@ class Context(RegionScope):
     action: str
     base_url: str
     request_id: str
+    trace_header: str | None = None  # X-Amzn-Trace-Id: AWSTraceHeader of what a publish puts in queues
 
     @property
     def urls(self) -> types.TopicUrls:
@@ -58,8 +60,11 @@ class Context(RegionScope):
 
     def _parse(self, arn: str | None, service: str, parameter: str) -> tuple[str, str]:
         """(region, resource) of an ARN of this account; SNS's errors otherwise."""
-        if not arn:
+        if arn is None:
             raise invalid(parameter)
+        elements = len(arn.split(":"))
+        if elements < 6:  # SNS's words for what is no ARN at all
+            raise invalid(parameter, f"An ARN must have at least 6 elements, not {elements}")
         match = _ARN.match(arn)
         if not match or match[1] != service:
             raise invalid(parameter)
@@ -84,11 +89,11 @@ class Context(RegionScope):
         region, resource = self._parse(arn, "sns", parameter)
         name, sep, key = resource.rpartition(":")
         if not sep or not name:
-            raise invalid(parameter)
+            raise invalid("SubscriptionId")  # a topic's ARN, not a subscription's: SNS's words
         try:
             return self.internal(name, region), uuid.UUID(key)
         except ValueError:
-            raise invalid(parameter) from None
+            raise invalid("SubscriptionId") from None
 
     def queue_from_endpoint(self, endpoint: str | None) -> str:
         """The stored name of the SQS queue an SQS subscription's Endpoint names: its ARN
@@ -103,21 +108,23 @@ class Context(RegionScope):
         return self.internal(name, region)
 
     def _queue_from_url(self, url: str) -> str:
-        """A queue URL, ``http(s)://<any host>/<account>/<queue>`` — the server's own or
-        SQS's — resolved as the SQS layer resolves a QueueUrl: by its path, in the
-        request's region."""
+        """A queue URL, ``http(s)://<any host>/<account>/<queue>`` (or a region's,
+        ``.../queue/<region>/<account>/<queue>``) — the server's own or SQS's — resolved
+        as the SQS layer resolves a QueueUrl: by its path, in the request's region unless
+        the path names one."""
         try:
             path = urlsplit(url).path
         except ValueError:  # a malformed IPv6 host
             raise invalid("SQS endpoint ARN") from None
-        parts = [unquote(p) for p in path.split("/") if p]
-        if len(parts) != 2 or not is_valid_queue_name(parts[1]):
+        resolved = sqs_context.resolve_path(tuple(unquote(p) for p in path.split("/") if p))
+        if resolved is None:
             raise invalid("SQS endpoint ARN")
-        if parts[0] != self.account_id:
+        region, account, name = resolved
+        if account != self.account_id:
             raise SnsError("AuthorizationErrorException",
                            f"User: arn:aws:iam::{self.account_id}:root is not authorized to perform: "
                            f"SNS:{self.action} on resource: {url}")
-        return self.internal(parts[1])
+        return self.internal(name, region)
 
     def check_subscription_topic(self, subscription: types.Subscription | None, topic: str) -> types.Subscription:
         """A subscription found by uuid belongs to the topic its ARN names, or is not found."""

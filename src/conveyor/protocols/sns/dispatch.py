@@ -38,7 +38,7 @@ from conveyor.protocols.sns.shapes import INPUT, NAMESPACE, OUTPUT
 log = logging.getLogger(__name__)
 
 SERVICE = wire.Service(target_prefix="AmazonSNS", json_type_prefix="com.amazonaws.sns#", namespace=NAMESPACE,
-                       inputs=INPUT, outputs=OUTPUT, query_compatible=True)
+                       inputs=INPUT, outputs=OUTPUT, query_compatible=True, error_detail=False)
 SIGNING_NAME = "sns"  # the service a SigV4 credential scope must name
 
 Handler = Callable[[Context, dict[str, Any]], Awaitable[dict[str, Any] | None]]
@@ -72,6 +72,10 @@ _READ = {"ListTopics", "GetTopicAttributes", "ListSubscriptions", "ListSubscript
 _WRITE = {"Publish", "PublishBatch", "ConfirmSubscription"}
 ROLES = {action: "read" if action in _READ else "write" if action in _WRITE else "admin" for action in HANDLERS}
 
+# the links SNS puts in what it sends, which work without credentials: the subscription's
+# random id (UnsubscribeURL) or the confirmation token (SubscribeURL) is the capability
+_LINK_ACTIONS = ("Unsubscribe", "ConfirmSubscription")
+
 _SHAPE_MESSAGE = re.compile(r"^Value for parameter (.+) is invalid\. Reason: (.+)\.$")
 
 
@@ -82,7 +86,7 @@ def _is_unsubscribe_link(endpoint: service.Endpoint, request: Request, body: byt
             and "x-amz-target" not in headers
             and "authorization" not in headers and not wire.is_json(headers)
             and sigv4.parse_query_scope(service.query_string(request)) is None
-            and request.query_params.get("Action") == "Unsubscribe")
+            and request.query_params.get("Action") in _LINK_ACTIONS)
 
 
 def _context(endpoint: service.Endpoint, request: Request, caller: service.Caller, call: wire.Call) -> Context:
@@ -95,6 +99,7 @@ def _context(endpoint: service.Endpoint, request: Request, caller: service.Calle
         account_id=endpoint.account_id,
         base_url=service.base_url(endpoint, request),
         request_id=call.request_id,
+        trace_header=request.headers.get("x-amzn-trace-id") or None,
     )
 
 
@@ -115,12 +120,15 @@ async def _answer(endpoint: service.Endpoint, request: Request, body: bytes, req
 
 
 async def _unsubscribe_link(endpoint: service.Endpoint, request: Request, body: bytes, request_id: str) -> Response:
-    """A bare link, without credentials: its token is all it has (subscription_actions)."""
+    """A bare link, without credentials: its token is all it has. An UnsubscribeURL's is
+    checked by subscription_actions; a SubscribeURL's is ConfirmSubscription's own Token."""
     call = service.read(SERVICE, request, body, request_id)
+    ctx = _context(endpoint, request, service.ANONYMOUS, call)
+    if call.action == "ConfirmSubscription":
+        return wire.result(call, await HANDLERS[call.action](ctx, call.params))
     if call.action != "Unsubscribe":  # cannot happen (the link's only field is its query)
         raise SnsError("AuthorizationErrorException", "Only Unsubscribe may be called without credentials.")
     token = request.query_params.get(unsubscribe_links.PARAMETER)
-    ctx = _context(endpoint, request, service.ANONYMOUS, call)
     await subscription_actions.unsubscribe_by_link(ctx, call.params, token)
     return wire.result(call, None)
 

@@ -28,7 +28,7 @@ MAX_BATCH = 10
 MAX_SUBJECT = 99
 _SUBJECT = re.compile(r"^[\x21-\x7e][\x20-\x7e]*$")  # printable ASCII, not starting with a space
 _ATTRIBUTE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
-_TYPE = re.compile(r"^(String|Number|Binary)(\.[A-Za-z0-9_.-]+)?$")
+_TYPE = re.compile(r"^(String|Number|Binary)(\..+)?$", re.DOTALL)  # any custom suffix: "String.  x." too
 _NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 _ASCII_ID = re.compile(r"^[!-~]{1,128}$")
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
@@ -45,8 +45,10 @@ def _check_attribute_name(name: str) -> None:
                             ". (not at either end, not two in a row), not starting with AWS. or Amazon.")
 
 
-def _attribute(name: str, value: dict[str, Any]) -> dict[str, str]:
-    """One message attribute, checked; as the topics engine stores it (binary in base64)."""
+def _attribute(name: str, value: dict[str, Any], values: bool = True) -> dict[str, str]:
+    """One message attribute, checked; as the topics engine stores it (binary in base64).
+    ``values`` False leaves out what SNS checks per batch entry rather than for the whole
+    batch (that a Number is a number, a String.Array an array)."""
     _check_attribute_name(name)
     data_type = value.get("DataType") or ""
     match = _TYPE.match(data_type)
@@ -62,9 +64,9 @@ def _attribute(name: str, value: dict[str, Any]) -> dict[str, str]:
     if text is None or text == "":
         raise invalid_value(f"The message attribute '{name}' must contain non-empty message attribute value "
                             f"for message attribute type '{data_type}'.")
-    if kind == "Number" and not _NUMBER.match(text):
+    if values and kind == "Number" and not _NUMBER.match(text):
         raise invalid_value(f"Could not cast message attribute '{name}' value to number.")
-    if data_type.startswith("String.Array"):
+    if values and data_type.startswith("String.Array"):
         _check_array(name, text)
     return {"DataType": data_type, "StringValue": text}
 
@@ -83,8 +85,8 @@ def _check_array(name: str, text: str) -> None:
                             "strings, numbers, booleans or nulls.")
 
 
-def _attributes(given: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, str]]:
-    return {name: _attribute(name, value) for name, value in (given or {}).items()}
+def _attributes(given: dict[str, dict[str, Any]] | None, values: bool = True) -> dict[str, dict[str, str]]:
+    return {name: _attribute(name, value, values) for name, value in (given or {}).items()}
 
 
 def _size(message: str, attributes: dict[str, dict[str, str]]) -> int:
@@ -109,10 +111,11 @@ def _structure(message: str, structure: str | None) -> tuple[str, dict[str, str]
         parsed = None
     if not isinstance(parsed, dict):
         raise invalid("Message Structure - JSON message body failed to parse")
+    # an entry whose value is not a string is ignored, as SNS ignores it (the protocols
+    # Conveyor does not deliver to, APNS, GCM and the like, are ignored anyway)
+    parsed = {k: v for k, v in parsed.items() if isinstance(v, str)}
     if "default" not in parsed:
         raise invalid("Message Structure - No default entry in JSON message body")
-    if any(not isinstance(v, str) for v in parsed.values()):
-        raise invalid("Message Structure - every entry of the JSON message body must be a string")
     bodies = {p: parsed[p] for p in STRUCTURE_PROTOCOLS if p in parsed}
     return parsed["default"], bodies or None
 
@@ -146,8 +149,11 @@ def _fifo_ids(topic: types.Topic, entry: dict[str, Any]) -> tuple[str | None, st
     return group, dedup
 
 
-def publication(topic: types.Topic, entry: dict[str, Any]) -> types.Publication:
-    """A Publish (or a PublishBatch entry) checked as SNS checks it, as the engine's input."""
+def publication(topic: types.Topic, entry: dict[str, Any], trace_header: str | None = None) -> types.Publication:
+    """A Publish (or a PublishBatch entry) checked as SNS checks it, as the engine's input:
+    signed with the topic's SignatureVersion (FIFO topics' envelopes unsigned, as SNS sends
+    them), and carrying the request's X-Ray header (``trace_header``) to SQS subscribers
+    as their messages' AWSTraceHeader."""
     message = entry.get("Message")
     if message is None:
         raise invalid("Message")
@@ -158,8 +164,11 @@ def publication(topic: types.Topic, entry: dict[str, Any]) -> types.Publication:
         raise invalid("Message too long")
     body, bodies = _structure(message, entry.get("MessageStructure"))
     group, dedup = _fifo_ids(topic, entry)
+    system = {"AWSTraceHeader": {"DataType": "String", "StringValue": trace_header}} if trace_header else None
     return types.Publication(body=body, subject=_subject(entry.get("Subject")), attributes=attributes or None,
-                             group_id=group, dedup_id=dedup, bodies=bodies)
+                             group_id=group, dedup_id=dedup, bodies=bodies,
+                             signature_version=attrs.signature_version(topic), signed=not topic.fifo,
+                             system_attributes=system)
 
 
 def _published(sent: types.Published) -> dict[str, Any]:
@@ -192,7 +201,7 @@ async def _topic(ctx: Context, name: str) -> types.Topic:
 async def publish(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     name = _target(ctx, p)
     topic = await _topic(ctx, name)
-    sent = await ctx.broker.publish(name, publication(topic, p), ctx.urls, topic=name)
+    sent = await ctx.broker.publish(name, publication(topic, p, ctx.trace_header), ctx.urls, topic=name)
     return _published(sent)
 
 
@@ -209,7 +218,9 @@ def _check_batch(entries: list[dict[str, Any]]) -> None:
     if len(set(ids)) != len(ids):
         raise SnsError("BatchEntryIdsNotDistinctException", "Two or more batch entries in the request have the "
                        "same Id.")
-    total = sum(len((e.get("Message") or "").encode("utf-8")) for e in entries)
+    # a malformed attribute fails the whole batch, as on SNS, and attributes count toward its size
+    total = sum(_size(e.get("Message") or "", _attributes(e.get("MessageAttributes"), values=False))
+                for e in entries)
     if total > MAX_MESSAGE_BYTES:
         raise SnsError("BatchRequestTooLongException",
                        "The length of all the messages put together is more than the limit.")
@@ -245,7 +256,7 @@ async def publish_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     successful, failed = [], []
     for entry in entries:
         try:
-            sent = await ctx.broker.publish(name, publication(topic, entry), ctx.urls, topic=name)
+            sent = await ctx.broker.publish(name, publication(topic, entry, ctx.trace_header), ctx.urls, topic=name)
         except SnsError as exc:
             failed.append(_failed(entry["Id"], exc))
             continue

@@ -3,14 +3,12 @@ ListSubscriptionsByTopic, GetSubscriptionAttributes, SetSubscriptionAttributes.
 
 Protocols: ``sqs`` (the Endpoint is the queue's ARN, or its URL; the queue need not exist
 yet: what is published for it waits, held in the outbox, until it is created), ``http``
-and ``https``. Conveyor
-confirms every subscription at once: it sends no SubscriptionConfirmation to an HTTP(S)
-endpoint, Subscribe answers with the subscription's ARN (never "pending confirmation"),
-and ConfirmSubscription answers with the ARN of the subscription its token names — the
-subscription's id (the last part of its ARN) or its ARN — or, for any other token, of the
-topic's newest HTTP(S) subscription. Whether an endpoint may be reached is decided at
+and ``https``. An SQS subscription is confirmed at once, as on SNS; an HTTP(S) one waits
+for its endpoint to confirm it (``conveyor.protocols.sns.confirmation``): Subscribe answers
+"pending confirmation" unless ReturnSubscriptionArn is set, and ListSubscriptions shows
+it as "PendingConfirmation" until then. Whether an endpoint may be reached is decided at
 delivery time by the egress allowlist: subscribing to a disallowed endpoint succeeds, and
-its deliveries are held.
+its deliveries (its confirmation first) are held.
 
 Unsubscribing: the Unsubscribe action needs credentials of the admin role (as the REST
 API's DELETE of a subscription). Without credentials, only the link delivered to an HTTP(S)
@@ -24,17 +22,19 @@ HTTP(S) subscription confirmed with ``AuthenticateOnUnsubscribe=true``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
 from conveyor import errors, json_input, types
 from conveyor.core import topics
-from conveyor.protocols.sns import topic_actions
+from conveyor.protocols.sns import confirmation, topic_actions
 from conveyor.protocols.sns.context import Context
 from conveyor.protocols.sns.errors import NO_SUBSCRIPTION, SnsError, invalid, not_found
 from conveyor.protocols.sns.topic_attributes import EFFECTIVE_DELIVERY_POLICY
 
 PROTOCOLS = ("sqs", "http", "https")
+_SQS_ARN = re.compile(r"^arn:aws[a-z-]*:sqs:[a-z0-9-]{1,32}:\d{12}:[A-Za-z0-9_.-]{1,80}$")
 OTHER_SNS_PROTOCOLS = ("email", "email-json", "sms", "lambda", "application", "firehose")
 # subscription attributes kept as given (Conveyor stores and returns them)
 KEPT = frozenset({"DeliveryPolicy", "RedrivePolicy", "SubscriptionRoleArn", "ReplayPolicy"})
@@ -53,18 +53,37 @@ def _bool(name: str, value: str) -> bool:
     return value.lower() == "true"
 
 
-def _check_json(name: str, value: str) -> None:
+def _attribute_error(name: str, reason: str) -> SnsError:
+    """SNS's words for a subscription attribute's bad value: "Invalid parameter: <Name>: <reason>"."""
+    return SnsError("InvalidParameterException", f"Invalid parameter: {name}: {reason}")
+
+
+def _check_json(name: str, value: str) -> dict[str, Any] | None:
     if value == "":
-        return
+        return None
     try:
         parsed = json_input.loads(value, big_integers=True)
-    except ValueError:
-        raise invalid(name, "failed to parse JSON") from None
+    except ValueError as exc:
+        raise _attribute_error(name, f"failed to parse JSON. {exc}") from None
     if not isinstance(parsed, dict):
-        raise invalid(name, "must be a JSON object")
+        raise _attribute_error(name, "must be a JSON object")
+    return parsed
 
 
-def _changes(given: dict[str, str], *, one: bool = False) -> dict[str, Any]:
+def _check_redrive(policy: dict[str, Any] | None, fifo_subscription: bool) -> None:
+    """A subscription's RedrivePolicy names an SQS queue by ARN; a FIFO subscription (a FIFO
+    queue of a FIFO topic) needs a FIFO dead-letter queue."""
+    if policy is None:
+        return
+    target = policy.get("deadLetterTargetArn")
+    if not isinstance(target, str) or not _SQS_ARN.match(target):
+        raise _attribute_error("RedrivePolicy", "deadLetterTargetArn is an invalid arn")
+    if fifo_subscription and not target.endswith(".fifo"):
+        raise _attribute_error("RedrivePolicy", "must use a FIFO queue as DLQ for a FIFO Subscription to a "
+                               "FIFO Topic.")
+
+
+def _changes(given: dict[str, str], *, one: bool = False, fifo_subscription: bool = False) -> dict[str, Any]:
     """Subscription attributes (Subscribe's map, or ``one`` of SetSubscriptionAttributes)
     as the topics engine's changes."""
     changes: dict[str, Any] = {}
@@ -73,7 +92,9 @@ def _changes(given: dict[str, str], *, one: bool = False) -> dict[str, Any]:
         if name not in SETTABLE:
             raise invalid("AttributeName") if one else invalid("Attributes", f"Unknown attribute {name}")
         if name in JSON_VALUED:
-            _check_json(name, value)
+            parsed = _check_json(name, value)
+            if name == "RedrivePolicy":
+                _check_redrive(parsed, fifo_subscription)
         if name == "RawMessageDelivery":
             changes["raw_delivery"] = _bool(name, value)
         elif name == "FilterPolicy":
@@ -123,13 +144,15 @@ def endpoint_of(ctx: Context, s: types.Subscription) -> str:
 
 
 def summary(ctx: Context, s: types.Subscription) -> dict[str, str]:
-    return {"SubscriptionArn": ctx.subscription_arn(s), "Owner": ctx.account_id, "Protocol": s.protocol,
+    arn = ctx.subscription_arn(s) if s.confirmed else "PendingConfirmation"  # as SNS lists them
+    return {"SubscriptionArn": arn, "Owner": ctx.account_id, "Protocol": s.protocol,
             "Endpoint": endpoint_of(ctx, s), "TopicArn": ctx.topic_arn(s.pattern)}
 
 
 def attributes_of(ctx: Context, s: types.Subscription) -> dict[str, str]:
     out = {
         **summary(ctx, s),
+        "SubscriptionArn": ctx.subscription_arn(s),
         "ConfirmationWasAuthenticated": "true",
         "PendingConfirmation": "false" if s.confirmed else "true",
         "RawMessageDelivery": "true" if s.raw_delivery else "false",
@@ -167,13 +190,21 @@ async def _find(conn: Any, spec: types.NewSubscription) -> types.Subscription | 
     return None
 
 
-def _same(existing: types.Subscription, spec: types.NewSubscription) -> bool:
-    policy = spec.filter_policy
-    return (existing.raw_delivery == spec.raw_delivery
-            and (existing.filter_policy or None) == (policy or None)
-            and (policy is None or existing.filter_policy_scope == spec.filter_policy_scope)
-            and all(existing.attributes.get(k) == v for k, v in (spec.attributes or {}).items()
-                    if k != "FilterPolicy"))  # compared parsed, above
+def _same(existing: types.Subscription, given: dict[str, str]) -> bool:
+    """Whether a repeated Subscribe asks for nothing the subscription does not have: only
+    the attributes it names are compared (none, or a subset, name the same subscription)."""
+    for name, value in given.items():
+        if name == "RawMessageDelivery":
+            same = existing.raw_delivery == (value.lower() == "true")
+        elif name == "FilterPolicy":
+            same = (existing.filter_policy or None) == (json.loads(value) if value else None)
+        elif name == "FilterPolicyScope":
+            same = existing.filter_policy_scope == value
+        else:
+            same = existing.attributes.get(name) == (value or None)
+        if not same:
+            return False
+    return True
 
 
 def _spec(ctx: Context, topic: str, p: dict[str, Any]) -> types.NewSubscription:
@@ -185,7 +216,8 @@ def _spec(ctx: Context, topic: str, p: dict[str, Any]) -> types.NewSubscription:
         queue = ctx.queue_from_endpoint(p.get("Endpoint"))
     else:
         endpoint = _check_endpoint(protocol, p.get("Endpoint"))
-    changes = _changes(p.get("Attributes") or {})
+    fifo = topic.endswith(".fifo") and queue is not None and queue.endswith(".fifo")
+    changes = _changes(p.get("Attributes") or {}, fifo_subscription=fifo)
     policy = changes.get("filter_policy")
     return types.NewSubscription(
         pattern=topic, protocol=protocol, queue=queue, endpoint=endpoint,
@@ -194,6 +226,7 @@ def _spec(ctx: Context, topic: str, p: dict[str, Any]) -> types.NewSubscription:
         filter_policy_scope=changes.get("filter_policy_scope", "MessageAttributes"),
         attributes={k: v for k, v in changes.get("attributes", {}).items() if v is not None},
         queue_must_exist=False,
+        confirmed=protocol == "sqs",  # an HTTP(S) endpoint confirms first
     )
 
 
@@ -207,11 +240,27 @@ async def subscribe(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
         _check_fit(found, spec)
         existing = await _find(conn, spec)
         if existing is not None:
-            if not _same(existing, spec):
+            if not _same(existing, p.get("Attributes") or {}):
                 raise invalid("Attributes", "Subscription already exists with different attributes")
-            return {"SubscriptionArn": ctx.subscription_arn(existing)}
-        created = await topics.subscribe(conn, spec)
+            created = existing
+        else:
+            created = await _create(conn, spec)
+    if not created.confirmed:  # asked again while pending: SNS sends the confirmation again
+        await confirmation.send(ctx, found, created)
+        if not p.get("ReturnSubscriptionArn"):
+            return {"SubscriptionArn": "pending confirmation"}
     return {"SubscriptionArn": ctx.subscription_arn(created)}
+
+
+async def _create(conn: Any, spec: types.NewSubscription) -> types.Subscription:
+    try:
+        return await topics.subscribe(conn, spec)
+    except errors.InvalidInput as exc:  # the filter policy: as Subscribe's Attributes words it
+        prefix = "Invalid parameter: "
+        if exc.message.startswith(prefix + "FilterPolicy"):
+            raise SnsError("InvalidParameterException",
+                           f"{prefix}Attributes Reason: {exc.message[len(prefix):]}") from None
+        raise
 
 
 def _check_fit(topic: types.Topic, spec: types.NewSubscription) -> None:
@@ -281,24 +330,22 @@ def _authenticate_on_unsubscribe(value: str | None) -> bool:
     return True
 
 
-def _token_subscription(token: str, subs: list[types.Subscription], ctx: Context) -> types.Subscription | None:
-    for s in subs:
-        if token in (str(s.uuid), ctx.subscription_arn(s)):
-            return s
-    web = [s for s in subs if s.protocol in ("http", "https")]
-    return max(web, key=lambda s: s.id) if web else None
-
-
 async def confirm_subscription(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    """The token a SubscriptionConfirmation carried confirms its subscription (and only on
+    the topic it names); a made-up one is SNS's "Invalid parameter: Token", a malformed
+    one its "Invalid token"."""
     topic = ctx.topic_from_arn(p.get("TopicArn"))
     token = p.get("Token")
     if not token:
         raise invalid("Token")
     locked = _authenticate_on_unsubscribe(p.get("AuthenticateOnUnsubscribe"))
+    key = confirmation.subscription_of(ctx, token)
     async with ctx.broker.connection() as conn:
-        await topic_actions.get_topic(ctx, conn, topic)
-        found = _token_subscription(token, await topics.subscriptions_list(conn, pattern=topic), ctx)
-        if found is None:
+        try:
+            found = await topics.subscription_get(conn, key)
+        except errors.SubscriptionNotFound:
+            raise invalid("Token") from None
+        if found.pattern != topic:
             raise invalid("Token")
         if locked and not needs_authentication(found):  # as on AWS, a confirmation can only lock it
             found = await topics.subscription_set_attributes(
@@ -352,9 +399,10 @@ async def set_subscription_attributes(ctx: Context, p: dict[str, Any]) -> None:
     name = p.get("AttributeName")
     if not name:
         raise invalid("AttributeName")
-    changes = _changes({name: p.get("AttributeValue") or ""}, one=True)
     async with ctx.broker.connection() as conn:
         found = await _subscription(ctx, conn, p.get("SubscriptionArn"))
+        fifo = found.pattern.endswith(".fifo") and found.queue is not None and found.queue.endswith(".fifo")
+        changes = _changes({name: p.get("AttributeValue") or ""}, one=True, fifo_subscription=fifo)
         try:
             await topics.subscription_set_attributes(conn, found.uuid, changes)
         except errors.SubscriptionNotFound:

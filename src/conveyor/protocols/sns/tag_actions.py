@@ -28,6 +28,8 @@ def tags_of(given: list[dict[str, Any]] | None) -> dict[str, str]:
         if not _VALUE.match(value):
             raise invalid("Tags", f"Invalid tag value for key [{key}]: up to 256 letters, digits, spaces and "
                           "+ - = . _ : / @")
+        if key in tags:
+            raise invalid("Duplicated keys are not allowed.")
         tags[key] = value
     if len(tags) > MAX_TAGS:
         raise _over_limit()

@@ -94,7 +94,10 @@ async def get_topic_attributes(ctx: Context, p: dict[str, Any]) -> dict[str, Any
     topic = ctx.topic_from_arn(p.get("TopicArn"))
     async with ctx.broker.connection() as conn:
         found = await get_topic(ctx, conn, topic)
-    return {"Attributes": attrs.render(ctx, found)}
+        pending = 0
+        if found.subscriptions:  # those waiting for their endpoint's confirmation
+            pending = sum(not s.confirmed for s in await topics.subscriptions_list(conn, pattern=topic))
+    return {"Attributes": attrs.render(ctx, found, pending)}
 
 
 async def set_topic_attributes(ctx: Context, p: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ JSON_VALUED = frozenset({"DeliveryPolicy", "Policy", "ArchivePolicy", "DataProte
 BOOLEAN = frozenset({"ContentBasedDeduplication", "FifoTopic"})  # read in any case, stored as true/false
 _CHOICES = {
     "TracingConfig": ("PassThrough", "Active"),
-    "SignatureVersion": ("2",),
+    "SignatureVersion": ("1", "2"),
     "FifoThroughputScope": ("Topic", "MessageGroup"),
 }
 MAX_DISPLAY_NAME = 100
@@ -104,20 +104,20 @@ def default_policy(ctx: Context, topic: str) -> str:
     }, separators=(",", ":"))
 
 
-def render(ctx: Context, topic: types.Topic) -> dict[str, str]:
-    """GetTopicAttributes: what SNS returns for a topic."""
+def render(ctx: Context, topic: types.Topic, pending: int = 0) -> dict[str, str]:
+    """GetTopicAttributes: what SNS returns for a topic (``pending``: its subscriptions
+    waiting for confirmation)."""
     stored = {k: str(v) for k, v in (topic.attributes or {}).items() if v is not None}
     out = {
         "TopicArn": ctx.topic_arn(topic.name),
         "Owner": ctx.account_id,
         "Policy": default_policy(ctx, topic.name),
         "DisplayName": "",
-        "SubscriptionsConfirmed": str(topic.subscriptions),
-        "SubscriptionsPending": "0",
+        "SubscriptionsConfirmed": str(topic.subscriptions - pending),
+        "SubscriptionsPending": str(pending),
         "SubscriptionsDeleted": "0",
         "EffectiveDeliveryPolicy": EFFECTIVE_DELIVERY_POLICY,
-        "SignatureVersion": "2",
-    }
+    }  # SignatureVersion only when set, as SNS answers (unset, envelopes are signed with version 1)
     if topic.fifo:
         out["FifoTopic"] = "true"
         out["ContentBasedDeduplication"] = "false"
@@ -127,3 +127,9 @@ def render(ctx: Context, topic: types.Topic) -> dict[str, str]:
 
 def content_based_deduplication(topic: types.Topic) -> bool:
     return str((topic.attributes or {}).get("ContentBasedDeduplication", "false")).lower() == "true"
+
+
+def signature_version(topic: types.Topic) -> str:
+    """The SignatureVersion envelopes of this topic are signed with: the topic's, else 1
+    (SHA1, SNS's default)."""
+    return str((topic.attributes or {}).get("SignatureVersion") or "1")

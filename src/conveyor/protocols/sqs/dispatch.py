@@ -64,6 +64,7 @@ ROLES = {action: "read" if action in _READ else "write" if action in _WRITE else
 def _context(endpoint: service.Endpoint, request: Request, caller: service.Caller, request_id: str) -> Context:
     scope = caller.scope
     account, queue = request.path_params.get("account_id"), request.path_params.get("queue_name")
+    region = request.path_params.get("region")
     return Context(
         broker=endpoint.broker,
         region=service.region(endpoint, scope),
@@ -74,16 +75,35 @@ def _context(endpoint: service.Endpoint, request: Request, caller: service.Calle
         # unverified scope's access key is whatever the client wrote)
         sender_id=caller.identity.principal or endpoint.account_id,
         request_id=request_id,
-        path_queue_url=f"/{account}/{queue}" if account and queue else None,
+        path_queue_url=(f"/queue/{region}/{account}/{queue}" if region else f"/{account}/{queue}")
+        if account and queue else None,
+        trace_header=request.headers.get("x-amzn-trace-id") or None,
     )
+
+
+# Actions that name no queue: sent to a queue's URL, AWS answers InvalidAction
+_QUEUELESS = {"CreateQueue", "ListQueues"}
+
+
+def _no_action(request: Request, body: bytes) -> bool:
+    """A Query request that names no action at all (``GET /`` or a queue URL, no fields);
+    a substring test, so that the hot path does not parse the form twice."""
+    if wire.is_json(request.headers):
+        return False
+    return b"Action=" not in body and "Action=" not in service.query_string(request)
 
 
 async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> Response:
     request_id = wire.new_request_id()
     protocol = service.protocol(request)
+    if _no_action(request, body):  # AWS's front end answers this before anything else
+        return Response("<UnknownOperationException/>", status_code=404, media_type="text/xml",
+                        headers={"x-amzn-RequestId": request_id})
     try:
         caller = service.authenticate(endpoint, request, body, SqsError, SIGNING_NAME)
         call = service.read(SERVICE, request, body, request_id)
+        if call.action in _QUEUELESS and request.path_params.get("queue_name"):
+            raise SqsError("InvalidAction", f"The action {call.action} is not valid for this endpoint.")
         service.authorize(caller, ROLES[call.action], call.action, SqsError)
         ctx = _context(endpoint, request, caller, request_id)
         return wire.result(call, await HANDLERS[call.action](ctx, call.params))
@@ -96,6 +116,6 @@ async def handle(endpoint: service.Endpoint, request: Request, body: bytes) -> R
     except Exception:
         log.exception("SQS request failed")
         failure = SqsError("InternalError", "We encountered an internal error. Please try again.")
-    if protocol == "query" and failure.message == NO_QUEUE:
+    if protocol != "json" and failure.message == NO_QUEUE:
         failure = SqsError("QueueDoesNotExist", NO_QUEUE_QUERY)  # AWS's Query wording
     return wire.error(SERVICE, protocol, failure.info(), request_id)

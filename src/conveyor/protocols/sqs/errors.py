@@ -1,8 +1,9 @@
 """SQS errors as AWS returns them.
 
-Each error has a name (the JSON protocol's ``__type``, ``com.amazonaws.sqs#<Name>``), the
-code the Query protocol (and the JSON protocol's ``x-amzn-query-error`` header) carries,
-an HTTP status and a fault side. Conveyor's own errors are translated here, in one table.
+Each error has a name (the JSON protocol's ``__type``: ``com.amazonaws.sqs#<Name>`` for the
+errors SQS's model lists, ``com.amazon.coral.service#<Name>Exception`` for the few it does
+not, as AWS answers), the code the Query protocol (and the JSON protocol's
+``x-amzn-query-error`` header) carries, an HTTP status and a fault side. Conveyor's own errors are translated here, in one table.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 from conveyor import errors
 from conveyor.protocols.aws.service import COMMON_KINDS, AwsError, Kind, kinds
 
+_CORAL = "com.amazon.coral.service#"  # AWS's front end: errors SQS's JSON model does not list
+
 _KINDS = [
     Kind("QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"),
     Kind("QueueNameExists", "QueueAlreadyExists"),
     Kind("QueueDeletedRecently", "AWS.SimpleQueueService.QueueDeletedRecently"),
-    Kind("InvalidParameterValue", "InvalidParameterValue"),
-    Kind("MissingParameter", "MissingParameter"),
+    Kind("InvalidParameterValue", "InvalidParameterValue", json_type=f"{_CORAL}InvalidParameterValueException"),
+    Kind("MissingParameter", "MissingParameter", json_type=f"{_CORAL}MissingRequiredParameterException"),
     Kind("InvalidAttributeName", "InvalidAttributeName"),
     Kind("InvalidAttributeValue", "InvalidAttributeValue"),
     Kind("InvalidMessageContents", "InvalidMessageContents"),
@@ -34,6 +37,7 @@ _KINDS = [
     Kind("InternalError", "InternalError", 500, sender=False),
 ]
 KINDS = kinds(COMMON_KINDS, _KINDS)
+KINDS["AccessDenied"] = Kind("AccessDenied", "AccessDenied", 403, json_type=f"{_CORAL}AccessDeniedException")
 
 # AWS's wording for the common cases
 NO_QUEUE = "The specified queue does not exist."

@@ -26,13 +26,15 @@ SYSTEM_NAMES = ("SenderId", "SentTimestamp", "ApproximateReceiveCount", "Approxi
 def _outgoing(ctx: Context, q: types.Queue, entry: dict[str, Any]) -> tuple[types.OutgoingMessage, int]:
     """Validate one message as AWS does; the message to store and its size in bytes."""
     body = entry.get("MessageBody")
-    if body is None:
+    if not body:  # an empty body is a missing one, as AWS answers it
         raise missing("MessageBody")
-    if body == "":
-        raise invalid_value("MessageBody", "''", "The message body must be at least 1 character long")
     ma.check_characters(body)
     attributes = ma.stored_attributes(entry.get("MessageAttributes"))
     system = ma.stored_system_attributes(entry.get("MessageSystemAttributes"))
+    if ctx.trace_header and not (system and "AWSTraceHeader" in system):
+        # X-Ray's header becomes the message's AWSTraceHeader, as on AWS (an explicit
+        # AWSTraceHeader system attribute wins)
+        system = {**(system or {}), "AWSTraceHeader": {"DataType": "String", "StringValue": ctx.trace_header}}
     size = len(body.encode("utf-8")) + ma.size(attributes)
     if size > q.max_message_size:
         raise SqsError("InvalidParameterValue", "One or more parameters are invalid. Reason: Message must be "
@@ -55,10 +57,13 @@ def _outgoing(ctx: Context, q: types.Queue, entry: dict[str, Any]) -> tuple[type
     return message, size
 
 
-def _check_fifo_ids(q: types.Queue, group: str | None, dedup: str | None) -> None:
+def _check_fifo_ids(q: types.Queue, group: str | None, dedup: str | None, batch: bool = False) -> None:
     """The ids a FIFO queue requires; in a batch, one entry without them fails the whole
-    request, as AWS does."""
+    request, as AWS does (and a missing MessageGroupId is then InvalidParameterValue,
+    not MissingParameter, in AWS's words)."""
     if group is None:
+        if batch:
+            raise SqsError("InvalidParameterValue", "The request must contain the parameter MessageGroupId.")
         raise missing("MessageGroupId")
     if dedup is None and not q.content_based_deduplication:
         raise invalid_value("MessageDeduplicationId", "null",
@@ -76,11 +81,11 @@ def _check_fifo(q: types.Queue, group: str | None, dedup: str | None, delay: int
                             "alphanumeric and punctuation characters")
 
 
-def _sent(message: types.OutgoingMessage, sent: types.Sent, fifo: bool) -> dict[str, Any]:
+def _sent(message: types.OutgoingMessage, sent: types.Sent, fifo: bool, entry: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"MessageId": str(sent.message_uuid), "MD5OfMessageBody": ma.md5_of_body(message.body)}
     if message.headers:
         out["MD5OfMessageAttributes"] = ma.md5_of_attributes(message.headers)
-    if message.system_attributes:
+    if entry.get("MessageSystemAttributes") and message.system_attributes:  # those the request gave
         out["MD5OfMessageSystemAttributes"] = ma.md5_of_attributes(message.system_attributes)
     if fifo:
         out["SequenceNumber"] = sequence_number(sent.id)
@@ -96,7 +101,7 @@ async def send_message(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     q = await ctx.broker.queue(queue)
     message, _ = _outgoing(ctx, q, p)
     [sent] = await ctx.broker.send(queue, [message], spool=_spools(ctx, q))
-    return _sent(message, sent, q.fifo)
+    return _sent(message, sent, q.fifo, p)
 
 
 def _spools(ctx: Context, q: types.Queue) -> bool:
@@ -156,7 +161,7 @@ async def send_message_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     q = await ctx.broker.queue(queue)
     if q.fifo:
         for entry in entries:
-            _check_fifo_ids(q, entry.get("MessageGroupId"), entry.get("MessageDeduplicationId"))
+            _check_fifo_ids(q, entry.get("MessageGroupId"), entry.get("MessageDeduplicationId"), batch=True)
     valid, failed = [], []
     for entry in entries:
         try:
@@ -164,18 +169,18 @@ async def send_message_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
         except SqsError as exc:
             failed.append(_failure(entry["Id"], exc))
             continue
-        valid.append((entry["Id"], message))
+        valid.append((entry, message))
     successful = []
-    for (entry_id, message), outcome in zip(valid, await _send_all(ctx, queue, valid), strict=True):
+    for (entry, message), outcome in zip(valid, await _send_all(ctx, queue, valid), strict=True):
         if isinstance(outcome, SqsError):
-            failed.append(_failure(entry_id, outcome))
+            failed.append(_failure(entry["Id"], outcome))
         else:
-            successful.append(_sent(message, outcome, q.fifo) | {"Id": entry_id})
+            successful.append(_sent(message, outcome, q.fifo, entry) | {"Id": entry["Id"]})
     return {"Successful": successful, "Failed": failed}
 
 
 async def _send_all(ctx: Context, queue: str,
-                    valid: list[tuple[str, types.OutgoingMessage]]) -> list[types.Sent | SqsError]:
+                    valid: list[tuple[dict[str, Any], types.OutgoingMessage]]) -> list[types.Sent | SqsError]:
     """Send the valid entries in one call; if the database still refuses one (its limits
     changed since they were read), send them one by one so only that entry fails."""
     if not valid:
@@ -302,36 +307,42 @@ def _visibility(value: Any) -> int:
     return int(value)
 
 
-def _not_in_flight() -> SqsError:
-    return SqsError("MessageNotInflight", "Message does not exist or is not available for visibility timeout change.")
+def _not_changeable(handle: str) -> SqsError:
+    """A handle of a message deleted since, or received again since (a newer handle acts
+    for it now): AWS's InvalidParameterValue."""
+    return invalid_value("ReceiptHandle", handle,
+                         "Message does not exist or is not available for visibility timeout change")
 
 
 async def change_message_visibility(ctx: Context, p: dict[str, Any]) -> None:
+    """The newest handle of a message changes its visibility, as on AWS, even once its
+    timeout has run out (the message is hidden again for ``VisibilityTimeout``); the
+    handle's receive count fences off older ones."""
     queue = await _existing_queue(ctx, p)
     delivery = receipts.decode(ctx.broker, p.get("ReceiptHandle"), queue)
     vt = _visibility(p.get("VisibilityTimeout"))
-    if not await ctx.broker.set_vt(queue, [delivery], vt, in_flight_only=True):
-        raise _not_in_flight()
+    if not await ctx.broker.set_vt(queue, [delivery], vt):
+        raise _not_changeable(p["ReceiptHandle"])
 
 
 async def change_message_visibility_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     queue = await _existing_queue(ctx, p)
     entries = _check_entries(p.get("Entries"), "ChangeMessageVisibilityBatchRequestEntry")
-    by_vt: dict[int, list[tuple[str, types.MessageRef]]] = {}
+    by_vt: dict[int, list[tuple[dict[str, Any], types.MessageRef]]] = {}
     failed = []
     for entry in entries:
         try:
             delivery = receipts.decode(ctx.broker, entry.get("ReceiptHandle"), queue)
-            by_vt.setdefault(_visibility(entry.get("VisibilityTimeout")), []).append((entry["Id"], delivery))
+            by_vt.setdefault(_visibility(entry.get("VisibilityTimeout")), []).append((entry, delivery))
         except SqsError as exc:
             failed.append(_failure(entry["Id"], exc))
     successful = []
     for vt, pairs in by_vt.items():  # one call per distinct timeout
-        changed = {m.id for m in await ctx.broker.set_vt(queue, [d for _, d in pairs], vt, in_flight_only=True)}
-        for entry_id, delivery in pairs:
+        changed = {m.id for m in await ctx.broker.set_vt(queue, [d for _, d in pairs], vt)}
+        for entry, delivery in pairs:
             if delivery.id in changed:
-                successful.append({"Id": entry_id})
+                successful.append({"Id": entry["Id"]})
             else:
-                failed.append(_failure(entry_id, _not_in_flight()))
+                failed.append(_failure(entry["Id"], _not_changeable(entry["ReceiptHandle"])))
     return {"Successful": successful, "Failed": failed}
 

@@ -35,9 +35,11 @@ INVALID_CHARACTERS = ("Invalid characters found. Valid unicode characters are #x
                       "#x20 to #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF")
 
 
-def check_characters(text: str) -> None:
+def check_characters(text: str, kind: str = "InvalidMessageContents") -> None:
+    """A body with characters a message may not contain is ``InvalidMessageContents``; an
+    attribute value with them is ``InvalidParameterValue``, as AWS answers each."""
     if _INVALID.search(text):
-        raise SqsError("InvalidMessageContents", INVALID_CHARACTERS)
+        raise SqsError(kind, INVALID_CHARACTERS)
 
 
 # -- validation and storage ----------------------------------------------------------------
@@ -73,7 +75,7 @@ def _stored_value(name: str, value: Mapping[str, Any]) -> dict[str, str]:
     if text is None or text == "":
         raise _invalid(f"The message attribute '{name}' must contain non-empty message attribute value "
                        f"for message attribute type '{data_type.split('.')[0]}'.")
-    check_characters(text)
+    check_characters(text, "InvalidParameterValue")
     if data_type.startswith("Number"):
         _check_number(name, text)
     return {"DataType": data_type, "StringValue": text}

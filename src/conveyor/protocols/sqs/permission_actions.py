@@ -30,7 +30,7 @@ async def _policy(ctx: Context, conn: Any, queue: str) -> dict[str, Any]:
     if raw:
         policy: dict[str, Any] = json.loads(raw)
         return policy
-    return {"Version": "2012-10-17", "Id": f"{ctx.queue_arn(queue)}/SQSDefaultPolicy", "Statement": []}
+    return {"Version": "2008-10-17", "Id": f"{ctx.queue_arn(queue)}/SQSDefaultPolicy", "Statement": []}
 
 
 async def _save(conn: Any, queue: str, policy: dict[str, Any]) -> None:

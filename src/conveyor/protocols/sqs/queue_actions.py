@@ -105,7 +105,10 @@ async def list_queues(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     after = _token(p.get("NextToken"))
     async with ctx.broker.connection() as conn:
         found = [q.name for q in await queues.list_all(conn, prefix) if ctx.visible(q.name)]
-    return _page(ctx, [n for n in found if n > after], max_results)
+    page = _page(ctx, [n for n in found if n > after], max_results)
+    if not page["QueueUrls"]:
+        del page["QueueUrls"]  # AWS leaves the member out when no queue matches
+    return page
 
 
 def _page(ctx: Context, names: list[str], max_results: int | None, key: str = "QueueUrls") -> dict[str, Any]:

@@ -53,8 +53,10 @@ def to_conveyor(ctx: Context, attributes: dict[str, str] | None, *, fifo: bool, 
     out: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for name, value in (attributes or {}).items():
-        if name not in SETTABLE or (name in FIFO_ONLY and not fifo and not (name == "FifoQueue" and creating)):
+        if name not in SETTABLE:
             raise unknown(name)
+        if name in FIFO_ONLY and not fifo and name != "FifoQueue":
+            raise _fifo_only(name)
         if name in INTEGERS:
             key, lo, hi = INTEGERS[name]
             out[key] = _integer(name, value, lo, hi)
@@ -104,12 +106,27 @@ def _boolean(name: str, value: str) -> bool:
     return str(value).lower() == "true"
 
 
+def _fifo_only(name: str) -> SqsError:
+    """An attribute only FIFO queues have, given for a standard queue, as AWS words it."""
+    if name in ("DeduplicationScope", "FifoThroughputLimit"):
+        return SqsError("InvalidAttributeName", f"You can specify the {name} only when FifoQueue is set to true.")
+    return unknown(name)
+
+
 def _fifo_flag(value: str, fifo: bool, creating: bool) -> None:
-    if not creating:
-        raise SqsError("InvalidAttributeName", "Unknown Attribute FifoQueue.")
-    if _boolean("FifoQueue", value) != fifo:
+    """FifoQueue: a standard queue has no such attribute (not even ``false``); a FIFO queue
+    may be told it is one again, never that it is not."""
+    wanted = _boolean("FifoQueue", value)
+    if not fifo and not wanted:
+        raise unknown("FifoQueue")
+    if creating and wanted != fifo:
         raise SqsError("InvalidParameterValue", "The name of a FIFO queue can only include alphanumeric "
                        "characters, hyphens, or underscores, must end with .fifo suffix and be 1 to 80 in length.")
+    if not creating and not fifo:
+        raise unknown("FifoQueue")
+    if not creating and not wanted:
+        raise SqsError("InvalidAttributeValue",
+                       "Invalid value for the parameter FifoQueue. Reason: Modifying queue type is not supported.")
 
 
 def _kept(name: str, value: str) -> str | None:
@@ -220,7 +237,9 @@ def _all(ctx: Context, q: types.Queue, m: types.QueueMetrics | None) -> dict[str
         out["RedrivePolicy"] = json.dumps({"deadLetterTargetArn": ctx.queue_arn(q.dead_letter_queue),
                                            "maxReceiveCount": q.max_receive_count}, separators=(",", ":"))
     extra = dict(q.extra_attributes)
-    out.update({k: str(v) for k, v in extra.items() if k in KEPT})
+    out.update({k: str(v) for k, v in extra.items() if k in KEPT and v is not None})
+    if not extra.get("KmsMasterKeyId"):
+        out.pop("KmsDataKeyReusePeriodSeconds", None)  # AWS states it only while a KMS key is set
     out.setdefault("SqsManagedSseEnabled", "false" if "KmsMasterKeyId" in extra else "true")
     if q.fifo:
         out["FifoQueue"] = "true"

@@ -110,6 +110,12 @@ SELECT d.id, d.ev_id, d.consumer, d.dead_at, d.reason, d.ev_type, d.ev_data, d.e
    AND (%(max_id)s::bigint IS NULL OR d.id < %(max_id)s::bigint)
  ORDER BY d.id
 
+-- The stream's events dead-lettered by any consumer (each counted once); no row: no such stream.
+-- name: pipeline_stream_dead_letter_events
+SELECT (SELECT count(DISTINCT d.ev_id) FROM conveyor.stream_dead_letters d WHERE d.stream_id = s.id)
+  FROM conveyor.streams s
+ WHERE s.name = %(stream)s::text
+
 -- name: pipeline_stream_position
 SELECT conveyor.pipeline_stream_position(%(stream)s::text, %(consumer)s::text, %(start)s::text)
 
@@ -146,3 +152,51 @@ SELECT conveyor.pipeline_publish(%(writer_id)s::uuid, %(stage_id)s::integer, %(t
 
 -- name: pipeline_discard
 SELECT conveyor.pipeline_discard(%(writer_id)s::uuid, %(stage_id)s::integer)
+
+-- The names a pattern is matched against (spark.sources).
+-- name: pipeline_queue_names
+SELECT name FROM conveyor.queues ORDER BY name
+
+-- name: pipeline_stream_names
+SELECT name FROM conveyor.streams ORDER BY name
+
+-- name: pipeline_pqueue_names
+SELECT name FROM conveyor.pqueues ORDER BY name
+
+-- startingTimestamp of a stream: its last tick at or before the time (NULL: none that old).
+-- name: pipeline_stream_tick_at
+SELECT max(t.tick_id)
+  FROM conveyor.streams s
+  JOIN conveyor.stream_ticks t ON t.stream_id = s.id
+ WHERE s.name = %(stream)s::text AND t.tick_time <= to_timestamp(%(at_ms)s::bigint / 1000.0)
+
+-- The stream's oldest tick still kept (failOnDataLoss: older ones were rotated away).
+-- name: pipeline_stream_oldest_tick
+SELECT min(t.tick_id)
+  FROM conveyor.streams s
+  JOIN conveyor.stream_ticks t ON t.stream_id = s.id
+ WHERE s.name = %(stream)s::text
+
+-- The mark itself if it is still kept, else the queue's oldest mark (failOnDataLoss).
+-- name: pipeline_archive_oldest_mark
+SELECT coalesce(max(m.mark_id) FILTER (WHERE m.mark_id = %(mark)s::bigint), min(m.mark_id))
+  FROM conveyor.queues q
+  JOIN conveyor.pipeline_marks m ON m.queue_id = q.id
+ WHERE q.name = %(queue)s::text
+
+-- startingTimestamp / startingOffsetsByTimestamp of a partitioned queue: per partition, the
+-- position before its first message created at or after the time (its head if none is).
+-- name: pipeline_pqueue_positions_at
+SELECT r.partition_id,
+       coalesce((SELECT min(m.seq) - 1 FROM conveyor.partition_messages m
+                  WHERE m.partition_id = r.partition_id AND m.created_at >= to_timestamp(r.at_ms / 1000.0)), p.head)
+  FROM unnest(%(partition_ids)s::bigint[], %(ats)s::bigint[]) AS r(partition_id, at_ms)
+  JOIN conveyor.partitions p ON p.id = r.partition_id
+
+-- failOnDataLoss of a partitioned queue: per range (partition, after], the first message
+-- still kept after it (NULL: none). Retention and clears remove a partition's oldest first.
+-- name: pipeline_pqueue_first_kept
+SELECT r.partition_id,
+       (SELECT min(m.seq) FROM conveyor.partition_messages m
+         WHERE m.partition_id = r.partition_id AND m.seq > r.after_seq)
+  FROM unnest(%(partition_ids)s::bigint[], %(afters)s::bigint[]) AS r(partition_id, after_seq)

@@ -80,3 +80,6 @@ SELECT private_key, certificate FROM conveyor.signing_key_create(%(private_key)s
 
 -- name: signing_key_certificate
 SELECT conveyor.signing_certificate()
+
+-- name: delivery_send
+SELECT conveyor.delivery_send(%(subscription)s::uuid, %(payload)s::text, %(headers)s::jsonb, %(message_id)s::uuid)

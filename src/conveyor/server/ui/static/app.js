@@ -283,7 +283,8 @@ async function streamsPage() {
 function consumersTable(cs) {
   return table([
     { title: "Stream", cell: (c) => c.stream },
-    { title: "Consumer", cell: (c) => c.consumer },
+    // `conveyor pipeline archive` reads as conveyor-archive (docs/pipeline.md): its lag is what is not archived yet
+    { title: "Consumer", cell: (c) => (c.consumer.startsWith("conveyor-archive") ? `${c.consumer} (pipeline archive)` : c.consumer) },
     { title: "Pending events", n: 1, cell: (c) => num(c.pending_events) },
     { title: "Lag", n: 1, cell: (c) => age(c.lag) },
     { title: "Batch open", cell: (c) => (c.batch_active ? `#${c.batch_id} for ${age(c.batch_age)}` : "–") },
