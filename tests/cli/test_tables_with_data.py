@@ -72,7 +72,7 @@ NOT_TABLES = {
     "schedules create": "test_schedules_cli.py", "schedules update": "test_schedules_cli.py",
     "schedules pause": "test_schedules_cli.py", "schedules resume": "test_schedules_cli.py",
     "schedules delete": "test_schedules_cli.py", "schedules run": "test_schedules_cli.py",
-    "pipeline archive": "tests/pipeline", "pipeline report": "tests/pipeline",
+    "pipeline archive": "tests/pipeline", "pipeline report": "tests/pipeline", "pipeline compact": "tests/pipeline",
 }
 
 
