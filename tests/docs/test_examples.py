@@ -51,3 +51,5 @@ def test_page_examples_run_in_order(page: Path, docs_server, dsn: str, tmp_path:
 
 def _check(example: Example, ok: bool, printed: str) -> None:
     assert ok, f"the example at {example.where} failed:\n{example.code}\n--- it printed:\n{printed}"
+    for shown in example.prints:
+        assert shown in printed, f"the example at {example.where} did not print {shown!r}:\n{printed}"

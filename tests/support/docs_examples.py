@@ -3,7 +3,9 @@
 Code blocks fenced as ``sh``, ``sql`` or ``python`` are examples; other fences (none,
 ``json``, ``text``) are output or shapes. An example that cannot run as written (a
 fragment of a larger program, something that changes the machine rather than Conveyor)
-says so on the line right above its fence: ``<!-- not run: the reason -->``; a page whose
+says so on the line right above its fence: ``<!-- not run: the reason -->``. What an
+example's output must show can be said there too, a line each: ``<!-- prints: text -->``.
+A page whose
 blocks are all commands rather than examples (benchmarks: minutes of load each) says so
 once: ``<!-- no example on this page is run: the reason -->``.
 
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN = ("sh", "sql", "python")
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _NOT_RUN = re.compile(r"^<!--\s*not run:\s*(.+?)\s*-->\s*$")
+_PRINTS = re.compile(r"^<!--\s*prints:\s*(.+?)\s*-->\s*$")
 _PAGE_NOT_RUN = re.compile(r"^<!--\s*no example on this page is run:\s*(.+?)\s*-->\s*$")
 _ADDRESSES = re.compile(r"(127\.0\.0\.1|localhost):(9324|6632|9999)\b")
 _DOCUMENTED_PORTS = {"9324": "port", "6632": "queen_port", "9999": "hq_port"}
@@ -43,6 +46,7 @@ class Example:
     lang: str
     code: str
     not_run: str | None  # the reason, when it is not run
+    prints: tuple[str, ...] = ()  # what its output must show (``<!-- prints: ... -->`` above it)
 
     @property
     def where(self) -> str:
@@ -67,9 +71,15 @@ def examples(page: Path) -> list[Example]:
             i += 1
         i += 1
         if lang in RUN:
-            above = _NOT_RUN.match(lines[start - 1]) if start > 0 else None
+            comments = []  # the comment lines right above the fence
+            j = start - 1
+            while j >= 0 and lines[j].startswith("<!--"):
+                comments.append(lines[j])
+                j -= 1
+            not_run = next((m.group(1) for m in map(_NOT_RUN.match, comments) if m), whole)
+            prints = tuple(reversed([m.group(1) for m in map(_PRINTS.match, comments) if m]))
             found.append(Example(str(page.relative_to(ROOT)), start + 1, lang, "\n".join(body) + "\n",
-                                 above.group(1) if above else whole))
+                                 not_run, prints))
     return found
 
 
@@ -143,11 +153,11 @@ class Reader:
         if example.lang == "python":
             return self._python(code)
         if example.lang == "sh":
-            argv = ["bash", "-e", "-o", "pipefail", "-c", code]
-        else:
-            argv = ["psql", self.env["DATABASE_URL"], "-v", "ON_ERROR_STOP=1", "-X", "-c", code]
+            argv, pasted = ["bash", "-e", "-o", "pipefail", "-c", code], None
+        else:  # pasted into psql, as the pages say: meta-commands (\gset) work too
+            argv, pasted = ["psql", self.env["DATABASE_URL"], "-v", "ON_ERROR_STOP=1", "-X"], code
         done = subprocess.run(argv, cwd=self.workdir, env=self.env, capture_output=True, text=True,
-                              timeout=self.timeout)
+                              input=pasted, timeout=self.timeout)
         return done.returncode == 0, done.stdout + done.stderr
 
     def _python(self, code: str) -> tuple[bool, str]:
