@@ -29,10 +29,12 @@
     │   └── MessageTooLarge      413 (CVM01)
     ├── PermissionDenied         403 — the caller's role may not do this (42501)
     │   └── QueueLimitReached      (CVK04) — a push would create queues beyond what it may
-    ├── Unauthorized             403 — no or unknown credentials
+    ├── Unauthorized             401 — no or unknown credentials (AWS protocols: their own codes)
     ├── Unavailable              503 — the database cannot be reached right now
     │   ├── DatabaseUnreachable    — and the request never reached it (nothing was done)
     │   ├── Throttled              — too much is waiting already: retry later
+    │   ├── DatabaseRejected       — the database refused the connection for good (wrong URL,
+    │   │                              database, role or password): retrying will not help
     │   ├── SchemaMismatch         — a migration applied to the database differs from this build's
     │   └── SchemaMissing          (3F000) — the Conveyor schema is not installed
     │       └── SchemaOutdated     (42883) — it lacks a function this code needs
@@ -188,7 +190,9 @@ class QueueLimitReached(PermissionDenied, sqlstate="CVK04"):
 
 
 class Unauthorized(ConveyorError):
-    """No or unknown credentials (rendered as 403, as seed 000 does)."""
+    """No or unknown credentials: "who are you?" (401 with a WWW-Authenticate challenge on
+    REST, Queen's and hq's routes; seed 000 answered 403, which says "not allowed" and
+    belongs to PermissionDenied). The AWS protocols answer in AWS's codes."""
 
 
 class Unavailable(ConveyorError):
@@ -199,6 +203,12 @@ class DatabaseUnreachable(Unavailable):
     """The request never reached the database (no connection could be had, or the
     database is known to be down): nothing of it was done, so it may be taken elsewhere
     (the failover spool) without risk of doing it twice."""
+
+
+class DatabaseRejected(Unavailable):
+    """The database refused the connection for a reason that does not heal by waiting: a
+    missing database or role, a wrong password, no pg_hba.conf entry, a malformed URL
+    (conveyor.db.reach)."""
 
 
 class Throttled(Unavailable):

@@ -228,6 +228,9 @@ class Settings:
     maintenance_interval: float = 60.0
     depth_scrape_interval: float = 15.0
     shutdown_timeout: float = 10.0
+    # how long `serve` waits at start for a database that refuses connections (still
+    # starting); a wrong URL, database, role or password fails at once (conveyor.db.reach)
+    database_wait: float = 30.0
     log_level: str = "info"
     queen_port: int | None = None  # also serve on this port (Queen's default: 6632)
     # Queen's create-on-push (docs/queen.md, "Queues created by pushes"): which callers'
@@ -388,6 +391,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "maintenance_interval": ("CONVEYOR_MAINTENANCE_INTERVAL", float),
     "depth_scrape_interval": ("CONVEYOR_DEPTH_SCRAPE_INTERVAL", float),
     "shutdown_timeout": ("CONVEYOR_SHUTDOWN_TIMEOUT", float),
+    "database_wait": ("CONVEYOR_DATABASE_WAIT", float),
     "log_level": ("CONVEYOR_LOG_LEVEL", str),
     "log_format": ("CONVEYOR_LOG_FORMAT", str),
     "request_timeout": ("CONVEYOR_REQUEST_TIMEOUT", float),

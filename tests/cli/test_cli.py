@@ -167,7 +167,8 @@ def test_fifo_send_with_group_and_dedup(dsn):
 def test_status_empty(dsn):
     assert ok(run(dsn, "status")).strip() == "no queues"
     assert ok_json(run(dsn, "status", "--json")) == {
-        "queues": [], "streams": [], "consumers": [], "topics": [], "schedules": [],
+        "queues": [], "streams": [], "consumers": [], "partitioned_queues": [], "consumer_groups": [],
+        "topics": [], "schedules": [],
         "webhooks": {"pending": 0, "due": 0, "held": 0, "exhausted": 0, "oldest_pending_age": None}}
 
 
@@ -233,7 +234,9 @@ def test_invalid_input_is_a_clean_error(dsn):
 
 
 def test_unreachable_database_is_a_clean_error():
-    assert "unavailable" in failed(run(NOWHERE, "status"))
+    said = failed(run(NOWHERE, "status"))
+    assert "cannot connect to the database at postgresql://nobody@127.0.0.1:1/nowhere" in said
+    assert "Connection refused" in said
 
 
 # -- output helpers ------------------------------------------------------------------------

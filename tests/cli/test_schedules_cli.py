@@ -100,3 +100,11 @@ def test_run_of_a_topic_schedule_publishes_signed(dsn):
     assert envelope["Message"] == "ping" and envelope["MessageId"] == fired["message_id"]
     assert envelope["Signature"] and envelope["SignatureVersion"] == "2"
     assert json.loads(envelope["MessageAttributes"]["_schedule"]["Value"])["out_of_band"] is True
+
+
+def test_create_warns_of_a_missing_target_queue(dsn):
+    result = run(dsn, "schedules", "create", "lonely", "--every", "5m", "--queue", "not-there")
+    assert result.exit_code == 0, result.output
+    assert "warning: queue 'not-there' does not exist" in result.stderr
+    ok(run(dsn, "queues", "create", "not-there"))
+    assert "warning" not in run(dsn, "schedules", "update", "lonely", "--every", "10m").stderr

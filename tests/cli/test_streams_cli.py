@@ -264,7 +264,8 @@ def test_status_with_streams(jobs):
     assert by_consumer["worker"][-1] == str(batch) and by_consumer["audit"][-2:] == ["2", "-"]
 
     found = ok_json(run(dsn, "--json", "status"))
-    assert set(found) == {"queues", "streams", "consumers", "topics", "webhooks", "schedules"}
+    assert set(found) == {"queues", "streams", "consumers", "partitioned_queues", "consumer_groups", "topics", "webhooks",
+                          "schedules"}
     assert [q["queue_name"] for q in found["queues"]] == ["q"]
     jobs_row = {s["stream"]: s for s in found["streams"]}["jobs"]
     assert (jobs_row["depth"], jobs_row["consumers"], jobs_row["dead_letters"]) == (2, 2, 0)

@@ -292,8 +292,8 @@ def test_token_mode_covers_both_ways_in(token_server, where):
     create = ["-XPOST", f"{base}/queues?name={name}&max_attempts=2&visibility_timeout_seconds=5"]
     for auth in ([], ["-H", "Authorization: Bearer wrong"], ["-H", "Authorization: hq-admin"]):
         r = curl(*create, *auth)
-        assert r.status == 403 and '"code":"Unauthorized"' in r.body
-    assert curl(f"{base}/queues").status == 403
+        assert r.status == 401 and '"code":"Unauthorized"' in r.body
+    assert curl(f"{base}/queues").status == 401
     r = curl(*create, "-H", "Authorization: Bearer hq-reader")  # a reader may look, not create
     plain(r, 403, "Error: this needs the admin role; the caller has read")
     assert curl(f"{base}/queues", "-H", "Authorization: Bearer hq-reader").status == 200

@@ -9,7 +9,8 @@ from support.server import ServerProcess
 
 
 def test_header_mode_needs_any_authorization_header(server):
-    assert httpx.get(server.url + "/v1/queues").status_code == 403
+    refused = httpx.get(server.url + "/v1/queues")
+    assert refused.status_code == 401 and refused.headers["www-authenticate"] == 'Bearer realm="conveyor"'
     r = httpx.get(server.url + "/v1/queues", headers={"Authorization": "anything"})
     assert r.status_code == 200
     for open_path in ("/livez", "/readyz", "/metrics"):
@@ -32,9 +33,11 @@ def _as(server, token: str | None) -> httpx.Client:
 
 def test_token_roles(token_server, queue_name):
     admin, writer, reader = (_as(token_server, t) for t in ("a-tok", "w-tok", "r-tok"))
-    assert _as(token_server, None).get("/v1/queues").status_code == 403
-    assert _as(token_server, "wrong").get("/v1/queues").status_code == 403
-    assert httpx.get(token_server.url + "/v1/queues", headers={"Authorization": "Basic a-tok"}).status_code == 403
+    # who are you? 401 with a challenge; not allowed: 403
+    assert _as(token_server, None).get("/v1/queues").status_code == 401
+    wrong = _as(token_server, "wrong").get("/v1/queues")
+    assert wrong.status_code == 401 and 'error="invalid_token"' in wrong.headers["www-authenticate"]
+    assert httpx.get(token_server.url + "/v1/queues", headers={"Authorization": "Basic a-tok"}).status_code == 401
 
     assert reader.post("/v1/queues", json={"name": queue_name}).status_code == 403
     assert writer.post("/v1/queues", json={"name": queue_name}).status_code == 403

@@ -250,3 +250,16 @@ def test_topic_targets_through_the_server(http, queue, name):
     assert run["queues"] == [queue] and run["msg_ids"] == []
     [m] = http.get(f"/v1/queues/{queue}/messages", params={"wait": 5}).json()
     assert m["message"]["Message"] == "manual" and m["message"]["MessageId"] == run["message_id"]
+
+
+def test_a_missing_target_queue_is_warned_of_at_once(http, queue, name):
+    missing = unique_name("nosuchq")
+    r = http.post("/v1/schedules", json={"name": name, "every": "5m", "target": missing})
+    assert r.status_code == 201, r.text
+    [warning] = r.json()["warnings"]
+    assert f"queue {missing!r} does not exist" in warning and "pauses after 5 failures" in warning
+    assert "warnings" not in http.get(f"/v1/schedules/{name}").json()  # said when saved, not stored
+    fixed = http.patch(f"/v1/schedules/{name}", json={"target": queue})
+    assert fixed.status_code == 200 and "warnings" not in fixed.json()
+    again = http.put(f"/v1/schedules/{name}", json={"every": "5m", "target": missing})
+    assert again.status_code == 200 and again.json()["warnings"]

@@ -78,7 +78,8 @@ def test_hs256_roles_expiry_and_not_before(hs_server, queue_name):
                       "not accepted"),
                      ("not.a.jwt", "malformed")):
         r = _get(hs_server, bad)
-        assert r.status_code == 403 and why in r.json()["error"], (why, r.text)
+        assert r.status_code == 401 and why in r.json()["error"], (why, r.text)
+        assert r.headers["www-authenticate"] == 'Bearer realm="conveyor", error="invalid_token"'
     reader, writer = token(SECRET, "HS256", role="read-only"), token(SECRET, "HS256", role="read-write", sub="bob")
     admin = token(SECRET, "HS256")
     h = lambda t: {"Authorization": f"Bearer {t}"}  # noqa: E731
@@ -105,7 +106,7 @@ def test_times_must_be_numeric_dates(hs_server):
                    {"exp": far, "iat": str(far - 600)}, {"exp": far, "nbf": True}):
         bad = jwt.encode({"sub": "a", "role": "admin", **claims}, SECRET, algorithm="HS256")
         r = _get(hs_server, bad)
-        assert r.status_code == 403 and r.json()["code"] == "Unauthorized", (claims, r.text)
+        assert r.status_code == 401 and r.json()["code"] == "Unauthorized", (claims, r.text)
         assert r.json()["error"].startswith("invalid JWT: "), (claims, r.text)
         r = httpx.post(hs_server.url + "/", content=b"{}", headers={**sqs, "Authorization": f"Bearer {bad}"})
         assert r.status_code == 403 and r.json()["__type"].endswith("InvalidClientTokenId"), (claims, r.text)
@@ -119,11 +120,11 @@ def test_rs256_and_eddsa_with_a_configured_role_claim(key_servers):
     assert _get(key_servers["RS256"], token(RSA_PRIVATE, "RS256")).status_code == 200
     # an HS256 token signed with the public key as its secret: the classic confusion, refused
     forged = jwt.encode({"sub": "x", "role": "admin", "exp": time.time() + 60}, "x" * 40, algorithm="HS256")
-    assert _get(key_servers["RS256"], forged).status_code == 403
+    assert _get(key_servers["RS256"], forged).status_code == 401
     ed = key_servers["EdDSA"]
     good = token(ED_PRIVATE, "EdDSA", claim="access", role=None, access={"level": ["viewer", "operator"]})
     assert _get(ed, good).status_code == 200
-    assert _get(ed, token(RSA_PRIVATE, "RS256")).status_code == 403  # not the configured algorithm
+    assert _get(ed, token(RSA_PRIVATE, "RS256")).status_code == 401  # not the configured algorithm
     reader = token(ED_PRIVATE, "EdDSA", claim="access", role=None, access={"level": "viewer"})
     r = httpx.post(ed.url + "/v1/queues", json={"name": f"q{uuid.uuid4().hex[:6]}"},
                    headers={"Authorization": f"Bearer {reader}"})

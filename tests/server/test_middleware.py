@@ -43,10 +43,12 @@ def test_aws_clients_get_an_oversized_body_refused_in_their_own_protocol(client)
     assert "<Code>RequestEntityTooLarge</Code>" in query.text and "<RequestId>" in query.text
 
 
-def test_missing_authorization_is_403_but_health_is_open(client):
+def test_missing_authorization_is_401_with_a_challenge_but_health_is_open(client):
     assert client.get("/v1/queues", headers={"Authorization": ""}).status_code == 200
     bare = TestClient(client.app)
-    assert bare.get("/v1/queues").status_code == 403
+    refused = bare.get("/v1/queues")
+    assert refused.status_code == 401 and refused.headers["www-authenticate"] == 'Bearer realm="conveyor"'
+    assert refused.json()["code"] == "Unauthorized"
     assert bare.get("/livez").json()["status"] == "ok"
 
 

@@ -30,8 +30,8 @@ def test_the_page_loads_without_credentials_and_the_data_does_not(ui_server: Ser
     assert httpx.get(ui_server.url + "/ui", follow_redirects=True).status_code == 200
     assert httpx.get(ui_server.url + "/ui/static/app.js").headers["content-type"].startswith("text/javascript")
     refused = httpx.get(ui_server.url + "/ui/api/queues")
-    assert refused.status_code == 403 and refused.json()["code"] == "Unauthorized"
-    assert httpx.get(ui_server.url + "/ui/static/../api/queues").status_code in (403, 404)
+    assert refused.status_code == 401 and refused.json()["code"] == "Unauthorized"
+    assert httpx.get(ui_server.url + "/ui/static/../api/queues").status_code in (401, 404)
 
 
 def test_a_wrong_token_is_refused_at_sign_in(browser, ui_server):
@@ -43,6 +43,7 @@ def test_a_wrong_token_is_refused_at_sign_in(browser, ui_server):
     page.wait_for_selector("#login-error:not([hidden])")
     assert "bearer token" in page.inner_text("#login-error")
     assert page.is_visible("#login")
+    assert not page.is_visible("#logout")  # nobody to sign out yet
     context.close()
 
 
@@ -112,6 +113,14 @@ def test_schedules_with_next_fires(signed_in):
     [row] = cells(page)
     assert row[0] == "nightly" and row[3] == "active"
     assert row[4].count("·") == 2  # three next fire times
+    fires = row[4].split(" · ")
+    page.select_option("#zone", "UTC")  # every time carries its zone: UTC on request...
+    visit(page, "#/schedules", "#view table")
+    [row] = cells(page)
+    assert all(t.endswith("UTC") for t in row[4].split(" · ")), row[4]
+    page.select_option("#zone", "local")  # ...else the browser's, named
+    visit(page, "#/schedules", "#view table")
+    assert cells(page)[0][4].split(" · ") == fires and all(t.rsplit(" ", 1)[-1] for t in fires)
     assert console.errors == []
 
 
@@ -120,6 +129,11 @@ def test_dead_letters_of_every_kind(signed_in):
     visit(page, "#/dead-letters", "#view table")
     [dlq] = cells(page)
     assert dlq[:3] == ["orders-dlq", "orders", "3"]
+    visit(page, "#/dead-letters/queue/orders-dlq", "#view table")
+    replay, purge = (page.get_attribute(f"#view .toolbar button >> nth={i}", "class") for i in (0, 1))
+    assert (replay, purge) == ("caution", "danger")  # a replay can be undone, a purge cannot
+    visit(page, "#/queues/orders", ".charts")
+    assert "after 1 receive." in page.inner_text("#view")  # max_receive_count 1: not "1 receives"
     visit(page, "#/dead-letters/stream/clicks", "#view table")
     [dead] = cells(page)
     assert dead[1] == "billing" and dead[3] == "bad click"

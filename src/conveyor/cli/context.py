@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,9 +15,15 @@ import click
 from conveyor import errors
 from conveyor.db import embedded, pool
 from conveyor.db import migrate as migrations
+from conveyor.db import reach as reach_
 from conveyor.settings import Settings
 
 T = TypeVar("T")
+
+
+def embedded_cluster(settings: Settings) -> embedded.EmbeddedPostgres:
+    """The embedded cluster of ``settings`` (not started)."""
+    return embedded.EmbeddedPostgres(Path(settings.data_dir) if settings.data_dir else None)
 
 
 @contextlib.contextmanager
@@ -26,7 +33,7 @@ def database_url(settings: Settings) -> Iterator[str]:
         yield settings.database_url
         return
     try:
-        cluster = embedded.EmbeddedPostgres(Path(settings.data_dir) if settings.data_dir else None)
+        cluster = embedded_cluster(settings)
         dsn = cluster.start()
     except embedded.EmbeddedError as exc:
         raise click.ClickException(str(exc)) from None
@@ -34,6 +41,24 @@ def database_url(settings: Settings) -> Iterator[str]:
         yield dsn
     finally:
         cluster.stop()
+
+
+def reach(dsn: str, log: logging.Logger, timeout: float = 30.0) -> None:
+    """Connect once before anything is announced: a wrong URL fails at once with its
+    cause; a database that is still starting is waited for, saying so."""
+
+    said = [float("inf")]  # seconds left when last said: once at first, then every 10 s
+
+    def waiting(failure: reach_.Failure, left: float) -> None:
+        if said[0] - left >= 10:
+            said[0] = left
+            log.warning("waiting for the database at %s (%s); retrying for %.0f more seconds",
+                        reach_.masked(dsn), failure.cause, left)
+
+    try:
+        asyncio.run(reach_.first_connection(dsn, timeout=timeout, on_retry=waiting))
+    except errors.ConveyorError as exc:
+        raise click.ClickException(exc.message) from None
 
 
 def run(settings: Settings, action: Callable[[Any], Awaitable[T]], *, migrate: bool = True) -> T:

@@ -1,7 +1,10 @@
-"""``conveyor db``: the schema — apply migrations, print the one-file install, show status."""
+"""``conveyor db``: the schema — apply migrations, print the one-file install, show status —
+and the database itself: its URL, and psql on it."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from typing import Any
 
 import click
@@ -9,6 +12,7 @@ import click
 from conveyor import errors
 from conveyor.cli import context, output
 from conveyor.cli.output import Column
+from conveyor.db import embedded
 from conveyor.db import migrate as migrations
 
 
@@ -78,3 +82,48 @@ def status(obj) -> None:  # noqa: ANN001
                Column("NAME", "name"),
                Column("APPLIED AT", lambda s: s.applied_at or "pending")]
     output.emit_rows(found, columns, obj.as_json, empty="no migrations")
+
+
+@db.command()
+@click.pass_obj
+def url(obj) -> None:  # noqa: ANN001
+    """Print the URL of the database the CLI uses: DATABASE_URL, else the embedded cluster's
+    (psql "$(conveyor db url)"). The embedded cluster runs while `conveyor serve` does; when
+    it is not running, this says so on stderr (conveyor db psql starts it for the session)."""
+    settings = obj.settings()
+    if settings.database_url:
+        click.echo(settings.database_url)
+        return
+    cluster = context.embedded_cluster(settings)
+    try:
+        click.echo(cluster.dsn)
+    except embedded.EmbeddedError:
+        raise click.ClickException(f"the embedded cluster in {cluster.data_dir} was never started: run "
+                                   "`conveyor serve` (or `conveyor db psql`) first") from None
+    if not cluster.is_running():
+        output.note(f"note: the embedded cluster in {cluster.data_dir} is not running; start `conveyor serve`, "
+                    "or use `conveyor db psql`, which starts it for the session")
+
+
+@db.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("psql_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_obj
+def psql(obj, psql_args: tuple[str, ...]) -> None:  # noqa: ANN001
+    """Open psql on the database the CLI uses (DATABASE_URL, else the embedded cluster, started
+    for the session if no server runs it). Arguments after the command go to psql:
+    conveyor db psql -c 'select * from conveyor.queues'."""
+    program = shutil.which("psql") or _beside_server_programs("psql")
+    if program is None:
+        raise click.ClickException("psql is not installed (Debian: apt-get install postgresql-client)")
+    settings = obj.settings()
+    with context.database_url(settings) as dsn:
+        code = subprocess.call([program, dsn, *psql_args])
+    raise SystemExit(code)
+
+
+def _beside_server_programs(name: str) -> str | None:
+    try:
+        candidate = embedded.find_binaries() / name
+    except embedded.EmbeddedError:
+        return None
+    return str(candidate) if candidate.exists() else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import click
@@ -32,13 +33,18 @@ class Context:
 @click.option("--data-dir", envvar="CONVEYOR_DATA_DIR", metavar="DIR",
               help="Directory of the embedded cluster [env CONVEYOR_DATA_DIR].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables (for scripts).")
+@click.option("-v", "--verbose", count=True,
+              help="Log what happens underneath (the embedded cluster starting...): -v info, -vv debug. "
+                   "`serve` logs at info by default (--log-level).")
 @click.version_option(conveyor.__version__, prog_name="conveyor")
 @click.pass_context
-def cli(ctx: click.Context, database_url: str | None, data_dir: str | None, as_json: bool) -> None:
+def cli(ctx: click.Context, database_url: str | None, data_dir: str | None, as_json: bool, verbose: int) -> None:
     """Conveyor: a PostgreSQL-native message broker. Queues, topics and event streams
     stored in PostgreSQL, over the SQS and SNS wire protocols, REST and SQL; schedules;
     a Spark data pipeline."""
     ctx.obj = Context(database_url, data_dir, as_json)
+    if verbose:
+        logging.getLogger().setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
 
 
 def _register() -> None:
@@ -62,7 +68,9 @@ def _register() -> None:
 
 def main() -> None:
     fmt = os.environ.get("CONVEYOR_LOG_FORMAT") or "text"
-    logs.configure(fmt if fmt in logs.FORMATS else "text")  # Settings reports a bad value
+    # commands print their results; what happens underneath is logged only when asked for
+    # (-v), or when it goes wrong. `serve` sets its own level (--log-level, default info).
+    logs.configure(fmt if fmt in logs.FORMATS else "text", logging.WARNING)  # Settings reports a bad value
     _register()
     cli(prog_name="conveyor")
 

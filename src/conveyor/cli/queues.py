@@ -294,13 +294,8 @@ def dead_letters(obj, name: str, max_rows: int) -> None:  # noqa: ANN001
 
     found = context.run(obj.settings(), action)
     columns = [Column("ID", "id", right=True), Column("RECEIVES", "receive_count", right=True),
-               Column("SENT AT", "sent_at"), Column("BODY", lambda m: _short(m["body"]))]
+               Column("SENT AT", "sent_at"), Column("BODY", lambda m: output.preview(m.body))]
     output.emit_rows(found, columns, obj.as_json, empty=f"no dead letters for queue {name}")
-
-
-def _short(text: str, width: int = 60) -> str:
-    text = text.replace("\n", " ")
-    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 @queues.command("replay-dead-letters")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import click
@@ -94,6 +94,19 @@ def _pairs(s: types.Schedule) -> list[tuple[str, Any]]:
 
 def _emit(obj: Any, s: types.Schedule) -> None:
     output.emit(data(s), obj.as_json, lambda: output.record(_pairs(s)))
+
+
+def _saved(obj: Any, action: Callable[[Any], Awaitable[types.Schedule]]) -> None:
+    """Create or change a schedule, print it, and warn of what will go wrong when it fires."""
+
+    async def save(conn: Any) -> tuple[types.Schedule, list[str]]:
+        s = await action(conn)
+        return s, await ops.warnings(conn, s)
+
+    s, warnings = context.run(obj.settings(), save)
+    _emit(obj, s)
+    for warning in warnings:
+        output.note(f"warning: {warning}")
 
 
 # -- options -------------------------------------------------------------------------------
@@ -225,7 +238,7 @@ def create(obj, name: str, paused: bool, **opts: Any) -> None:  # noqa: ANN001
         catchup=bool(opts["catchup"]),
         catchup_limit=opts["catchup_limit"] if opts["catchup_limit"] is not None else 10,
         failure_threshold=opts["failure_threshold"] if opts["failure_threshold"] is not None else 5)
-    _emit(obj, context.run(obj.settings(), lambda conn: ops.create(conn, name, spec)))
+    _saved(obj, lambda conn: ops.create(conn, name, spec))
 
 
 @schedules.command()
@@ -265,7 +278,7 @@ def update(obj, name: str, **opts: Any) -> None:  # noqa: ANN001
             raise click.UsageError("nothing to change: give at least one option")
         return await ops.alter(conn, name, changes)
 
-    _emit(obj, context.run(obj.settings(), action))
+    _saved(obj, action)
 
 
 @schedules.command()
@@ -283,7 +296,7 @@ def pause(obj, name: str) -> None:  # noqa: ANN001
 @click.pass_obj
 def resume(obj, name: str) -> None:  # noqa: ANN001
     """Resume schedule NAME from its next occurrence (missed ones are not caught up)."""
-    _emit(obj, context.run(obj.settings(), lambda conn: ops.resume(conn, name)))
+    _saved(obj, lambda conn: ops.resume(conn, name))
 
 
 @schedules.command()

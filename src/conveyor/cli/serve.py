@@ -45,9 +45,18 @@ def serve(obj, host, port, queen_port, hq_port, workers, auth_mode, fusion, migr
                             auth_mode=auth_mode, fusion=fusion,
                             migrate=migrate, log_level=log_level, log_format=log_format)
     logs.configure(settings.log_format, settings.log_level)
-    with context.database_url(settings) as dsn:
-        where = "DATABASE_URL" if settings.database_url else "the embedded cluster"
-        log.info("conveyor serving on http://%s:%s (database: %s; %d worker%s)", settings.host, settings.port,
-                 where, settings.workers, "" if settings.workers == 1 else "s")
-        if not run.serve(settings, dsn):
-            raise click.ClickException("the server did not start, or a worker failed (see the log above)")
+    try:
+        sockets = run.bind(settings)  # before anything is announced: a taken port is said at once
+    except run.BindError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        with context.database_url(settings) as dsn:
+            context.reach(dsn, log, settings.database_wait)
+            where = "DATABASE_URL" if settings.database_url else "the embedded cluster"
+            log.info("conveyor serving on http://%s:%s (database: %s; %d worker%s)", settings.host, settings.port,
+                     where, settings.workers, "" if settings.workers == 1 else "s")
+            if not run.serve(settings, dsn, sockets):
+                raise click.ClickException("the server did not start, or a worker failed (see the log above)")
+    finally:
+        for sock in sockets:
+            sock.close()

@@ -11,7 +11,7 @@ import click
 from conveyor import types
 from conveyor.cli import context, output, streams
 from conveyor.cli.output import Column
-from conveyor.core import queues, schedules, topics
+from conveyor.core import partitioned, queues, schedules, topics
 from conveyor.core import streams as stream_ops
 
 _COLUMNS = [
@@ -49,6 +49,22 @@ _CONSUMER_COLUMNS = [
     Column("OPEN BATCH", "batch_id", right=True),
 ]
 
+_PARTITIONED_COLUMNS = [
+    Column("PARTITIONED QUEUE", "name"),
+    Column("PARTITIONS", "partitions"),
+    Column("PENDING", "pending"),
+    Column("PROCESSING", "processing"),
+    Column("DEAD LETTERS", "dead_letters"),
+    Column("GROUPS", "consumer_groups"),
+]
+
+_GROUP_COLUMNS = [
+    Column("PARTITIONED QUEUE", "queue"),
+    Column("CONSUMER GROUP", "consumer_group"),
+    Column("LAG", "lag"),
+    Column("PARTITIONS BEHIND", "partitions_behind"),
+    Column("LEASES", "leases"),
+]
 
 _TOPIC_COLUMNS = [
     Column("TOPIC", "name"),
@@ -102,6 +118,13 @@ async def _gather(conn: Any) -> dict[str, list[dict[str, Any]]]:
     consumer_rows = [streams.data(c) for c in await stream_ops.consumer_stats(conn)] if stream_rows else []
     for row in consumer_rows:
         row["role"] = "pipeline archive" if str(row["consumer"]).startswith(PIPELINE_CONSUMER) else ""
+    partitioned_rows = [{"name": q["name"], "partitions": q["partitions"], "pending": q["messages"]["pending"],
+                         "processing": q["messages"]["processing"], "dead_letters": q["messages"]["deadLetter"],
+                         "consumer_groups": q["consumerGroups"]}
+                        for q in await partitioned.report(conn, "pqueue_queue_summaries",
+                                                         {"name": None, "namespace": None, "task": None})]
+    group_rows = [{k: getattr(g, k) for k in ("queue", "consumer_group", "lag", "partitions_behind", "leases")}
+                  for g in await partitioned.group_lag(conn)] if partitioned_rows else []
     topic_rows = [{"name": t.name, "fifo": t.fifo, "subscriptions": t.subscriptions}
                   for t in await topics.list_all(conn)]
     webhooks = output.to_data(await topics.deliveries_stats(conn))
@@ -110,8 +133,19 @@ async def _gather(conn: Any) -> dict[str, list[dict[str, Any]]]:
     schedule_rows = [{k: getattr(s, k) for k in ("name", "status", "target_kind", "target", "next_fire_at",
                                                  "fire_count", "consecutive_failures", "last_error")}
                      for s in await schedules.list_all(conn)]
-    return {"queues": queue_rows, "streams": stream_rows, "consumers": consumer_rows, "topics": topic_rows,
+    return {"queues": queue_rows, "streams": stream_rows, "consumers": consumer_rows,
+            "partitioned_queues": partitioned_rows, "consumer_groups": group_rows, "topics": topic_rows,
             "webhooks": webhooks, "schedules": schedule_rows}
+
+
+def partitioned_tables(found: dict[str, Any]) -> list[str]:
+    """The partitioned (Queen) queues and their consumer groups, when there are any."""
+    parts = []
+    if found["partitioned_queues"]:
+        parts.append(output.table(found["partitioned_queues"], _PARTITIONED_COLUMNS))
+    if found["consumer_groups"]:
+        parts.append(output.table(found["consumer_groups"], _GROUP_COLUMNS))
+    return parts
 
 
 def _text(found: dict[str, list[dict[str, Any]]]) -> str:
@@ -120,6 +154,7 @@ def _text(found: dict[str, list[dict[str, Any]]]) -> str:
         parts.append(output.table(found["streams"], _STREAM_COLUMNS))
     if found["consumers"]:
         parts.append(output.table(found["consumers"], _CONSUMER_COLUMNS))
+    parts.extend(partitioned_tables(found))
     if found["topics"]:
         parts.append(output.table(found["topics"], _TOPIC_COLUMNS))
     if found["topics"] or any(found["webhooks"][k] for k in ("pending", "held", "exhausted")):
@@ -139,11 +174,14 @@ def status(obj) -> None:  # noqa: ANN001
     Queues: depth (visible now), in flight, delayed, age of the oldest message, total sent,
     and the dead-letter queue with its depth. Streams (when there are any): depth, consumers,
     events per second, rotation age, dead letters, time since the last tick, paused.
-    Consumers: lag (age of the last tick finished), pending events, open batch. Topics:
+    Consumers: lag (age of the last tick finished), pending events, open batch. Partitioned
+    (Queen) queues: partitions, pending, processing (leased), dead letters, consumer groups,
+    and each group's lag. Topics:
     subscriptions; the webhook outbox: pending, due, held, exhausted deliveries and the
     age of the oldest pending one. Schedules: status, target, next fire, fires, failures.
 
-    JSON: {"queues", "streams", "consumers", "topics", "webhooks", "schedules"}, durations
+    JSON: {"queues", "streams", "consumers", "partitioned_queues", "consumer_groups", "topics",
+    "webhooks", "schedules"}, durations
     in seconds."""
     found = context.run(obj.settings(), _gather)
     output.emit(found, obj.as_json, lambda: _text(found))

@@ -1,5 +1,5 @@
-"""``conveyor top``: a live view of the queues and streams, refreshed every few seconds:
-depth, in flight, oldest age and the rates since the last refresh."""
+"""``conveyor top``: a live view of the queues, streams, partitioned (Queen) queues and topics,
+refreshed every few seconds: depth, in flight, oldest age and the rates since the last refresh."""
 
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ def _screen(found: dict[str, Any], prefix: str | None, at: str) -> str:
         parts.append(output.table(found["streams"], status._STREAM_COLUMNS))
     if found["consumers"]:
         parts.append(output.table(found["consumers"], status._CONSUMER_COLUMNS))
+    parts.extend(status.partitioned_tables(found))
+    if found["topics"]:
+        parts.append(output.table(found["topics"], status._TOPIC_COLUMNS))
     return "\n\n".join(parts)
 
 
@@ -59,7 +62,8 @@ def _screen(found: dict[str, Any], prefix: str | None, at: str) -> str:
 def top(obj, interval: float, iterations: int | None, prefix: str | None) -> None:  # noqa: ANN001
     """A live view: every queue's depth, in flight, delayed, oldest age, messages sent and
     done per second (since the previous refresh) and dead-letter depth; every stream and
-    its consumers' lag. Refreshes every --interval seconds until ^C (or --iterations).
+    its consumers' lag; every partitioned (Queen) queue and its consumer groups' lag; the
+    topics. Refreshes every --interval seconds until ^C (or --iterations).
 
     With --json, one JSON document per refresh, one per line."""
 

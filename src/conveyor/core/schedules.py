@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from conveyor import errors, types
-from conveyor.core import messages, schedule_expr, topics
+from conveyor.core import messages, queues, schedule_expr, topics
 from conveyor.db import execute as db
 
 Connection = db.Connection
@@ -112,6 +112,19 @@ async def create(conn: Connection, name: str, spec: types.ScheduleSpec, *,
     _check_fire_at(spec.expression, now)
     return await db.fetch_row(conn, "schedule_create", {"name": name, "spec": _spec_json(spec, now)},
                               row=types.Schedule)
+
+
+async def warnings(conn: Connection, s: types.Schedule) -> list[str]:
+    """What will go wrong when ``s`` fires, said when it is created or changed rather than
+    found at its first fire: a queue target that does not exist (yet)."""
+    if s.target_kind != "queue":
+        return []
+    try:
+        await queues.get(conn, s.target)
+    except errors.QueueNotFound:
+        return [f"queue {s.target!r} does not exist: each fire fails until it is created "
+                f"(the schedule pauses after {s.failure_threshold} failures in a row)"]
+    return []
 
 
 async def upsert(conn: Connection, name: str, spec: types.ScheduleSpec, *,

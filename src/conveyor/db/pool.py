@@ -14,7 +14,7 @@ import psycopg
 import psycopg_pool
 
 from conveyor import errors
-from conveyor.db import execute
+from conveyor.db import execute, reach
 
 log = logging.getLogger(__name__)
 
@@ -296,10 +296,15 @@ async def vacuum(conn: execute.Connection, table: str) -> None:
 
 @contextlib.asynccontextmanager
 async def connect(dsn: str, *, autocommit: bool = True) -> AsyncIterator[execute.Connection]:
-    """One connection outside any pool (CLI commands, migrations, LISTEN)."""
-    with execute.translated():
+    """One connection outside any pool (CLI commands, migrations, LISTEN); a failure to
+    connect says why, and where (conveyor.db.reach)."""
+    try:
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit,
                                                      application_name="conveyor")
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+        failure = reach.classify(exc)
+        error = errors.DatabaseUnreachable if failure.transient else errors.DatabaseRejected
+        raise error(f"cannot connect to the database at {reach.masked(dsn)}: {failure.cause}") from exc
     try:
         yield conn
     finally:

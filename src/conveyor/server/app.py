@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -86,6 +86,20 @@ def _aws_route(params: dict[str, str]) -> str:
 _EVERY_PORT = frozenset({"/livez", "/readyz", "/metrics"})
 
 
+def _browser_at_root(scope: Scope) -> bool:
+    """A person's browser opening the address the server logs: ``GET /`` without AWS's
+    query parameters, asking for HTML. SDKs and the aws CLI send either a query
+    (``?Action=...``) or no ``text/html`` in Accept, so they still reach the SQS/SNS gateway."""
+    if scope["method"] != "GET" or scope["path"] != "/" or scope.get("query_string"):
+        return False
+    accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+    return b"text/html" in accept
+
+
+async def _to_dashboard(scope: Scope, receive: Receive, send: Send) -> None:
+    await RedirectResponse("/ui/", status_code=303)(scope, receive, send)
+
+
 class App(Starlette):
     """Starlette, with the AWS wire endpoints (``GET``/``POST`` on ``/`` and
     ``/{account_id}/{queue_name}``) taken on a short path: straight to the gateway through
@@ -109,6 +123,9 @@ class App(Starlette):
         if scope["type"] == "http" and self._on_hq_port(scope):
             scope = hq.at_root(scope)  # then served as /hq/..., through the same middleware
         if scope["type"] == "http" and scope["method"] in ("POST", "GET"):
+            if _browser_at_root(scope):
+                await _to_dashboard(scope, receive, send)
+                return
             params = _aws_path(scope["path"])
             if params is not None:
                 scope["app"] = self

@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor import errors, tracing
 from conveyor.protocols import auth
+from conveyor.protocols.rest import render
 from conveyor.server.metrics import Metrics
 
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/v1/openapi.json", "/SimpleNotificationService.pem"})
@@ -91,8 +92,9 @@ class Telemetry:
 class Auth:
     """Authentication of every plain-HTTP route (REST, and any API added beside it) by the
     server's one policy (``conveyor.protocols.auth``); the identity it proves is left in
-    the scope (``conveyor.identity``) for the role checks of the handlers. Refusals are
-    403 with the REST error body. Health, metrics, the OpenAPI document and the SNS
+    the scope (``conveyor.identity``) for the role checks of the handlers. Missing or wrong
+    credentials are 401 with a ``WWW-Authenticate`` challenge and the REST error body ("who
+    are you?"); a role that may not act is the handlers' 403 ("not allowed"). Health, metrics, the OpenAPI document and the SNS
     certificate stay open; the AWS endpoints never come here (the app's short path) and
     ask the same policy in AWS's terms."""
 
@@ -108,7 +110,8 @@ class Auth:
         try:
             scope["conveyor.identity"] = self.policy.http(None if header is None else header.decode("latin-1"))
         except errors.Unauthorized as exc:
-            await reply(send, 403, exc.message, "Unauthorized")
+            challenge = render.challenge(header is not None).encode()
+            await reply(send, 401, exc.message, "Unauthorized", ((b"www-authenticate", challenge),))
             return
         await self.app(scope, receive, send)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 import shutil
@@ -79,20 +80,47 @@ def _config(app: App, settings: Settings) -> uvicorn.Config:
     )
 
 
-def _sockets(settings: Settings) -> list[socket.socket]:
-    """The listening sockets: the server's port, and Queen's (``queen_port``) and hq's
-    (``hq_port``) if asked for: the same app answers on each (on hq's, hq's API is at the
-    root: the app tells the ports apart)."""
-    config = uvicorn.Config(None, host=settings.host, port=settings.port, log_config=None)
-    sockets = [config.bind_socket()]
-    for extra in (settings.queen_port, settings.hq_port):
-        if extra is not None:
-            config.port = extra
-            sockets.append(config.bind_socket())
+class BindError(Exception):
+    """A port the server was asked to listen on cannot be had; says what to do."""
+
+
+def bind(settings: Settings) -> list[socket.socket]:
+    """The listening sockets, bound before anything is announced: the server's port, and
+    Queen's (``queen_port``) and hq's (``hq_port``) if asked for: the same app answers on
+    each (on hq's, hq's API is at the root: the app tells the ports apart)."""
+    sockets: list[socket.socket] = []
+    try:
+        for port, setting in ((settings.port, "--port / CONVEYOR_PORT"),
+                              (settings.queen_port, "--queen-port / CONVEYOR_QUEEN_PORT"),
+                              (settings.hq_port, "--hq-port / CONVEYOR_HQ_PORT")):
+            if port is not None:
+                sockets.append(_bind_one(settings.host, port, setting))
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     return sockets
 
 
-def _serve_one(settings: Settings, dsn: str, sockets: list[socket.socket] | None = None) -> bool:
+def _bind_one(host: str, port: int, setting: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise BindError(f"{host}:{port} is already in use: is another Conveyor (or another server) running "
+                            f"there? Stop it, or choose another port with {setting}") from None
+        if exc.errno == errno.EACCES:
+            raise BindError(f"not allowed to listen on {host}:{port} (ports below 1024 need privileges): "
+                            f"choose another with {setting}") from None
+        raise BindError(f"cannot listen on {host}:{port}: {exc.strerror} ({setting})") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _serve_one(settings: Settings, dsn: str, sockets: list[socket.socket]) -> bool:
     """Serve in this process until a signal; False if the server could not start."""
     app = create_app(settings, dsn)
     server = _Server(_config(app, settings), app.state.broker.shutting_down)
@@ -101,19 +129,20 @@ def _serve_one(settings: Settings, dsn: str, sockets: list[socket.socket] | None
     # embedded cluster) and make it exit 143 instead of 0.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in _STOP_SIGNALS}
     try:
-        server.run(sockets=sockets if sockets is not None else _sockets(settings))
+        server.run(sockets=sockets)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return server.started
 
 
-def serve(settings: Settings, dsn: str) -> bool:
-    """Serve until a signal; False if the server could not start (or, with several
-    workers, if one of them failed)."""
+def serve(settings: Settings, dsn: str, sockets: list[socket.socket] | None = None) -> bool:
+    """Serve on ``sockets`` (``bind``'s, bound now if not given) until a signal; False if
+    the server could not start (or, with several workers, if one of them failed)."""
+    sockets = sockets if sockets is not None else bind(settings)
     if settings.workers == 1:
-        return _serve_one(settings, dsn)
-    return _serve_workers(settings, dsn)
+        return _serve_one(settings, dsn, sockets)
+    return _serve_workers(settings, dsn, sockets)
 
 
 def _die_with_parent() -> None:
@@ -152,9 +181,8 @@ def _as_metrics_worker() -> None:
     values.ValueClass = values.MultiProcessValue()
 
 
-def _serve_workers(settings: Settings, dsn: str) -> bool:
+def _serve_workers(settings: Settings, dsn: str, sockets: list[socket.socket]) -> bool:
     metrics_dir = _multiprocess_metrics()
-    sockets = _sockets(settings)
     for sock in sockets:
         sock.listen(2048)  # connections queue from now on, while the workers start
     children: set[int] = set()

@@ -244,7 +244,7 @@ async def test_long_poll_on_one_server_is_woken_by_a_push_on_another(server, mod
 
 def test_errors_are_json_and_routes_need_the_servers_authentication(server):
     r = httpx.post(server.url + "/api/v1/push", json={"items": [{"queue": "x", "payload": 1}]})
-    assert r.status_code == 403  # no Authorization header, as REST
+    assert r.status_code == 401 and r.headers["www-authenticate"] == 'Bearer realm="conveyor"'  # as REST
     auth = {"Authorization": "Bearer x"}
     r = httpx.post(server.url + "/api/v1/push", json={"items": "nope"}, headers=auth)
     assert r.status_code == 400 and "items" in r.json()["error"]

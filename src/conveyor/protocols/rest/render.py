@@ -15,7 +15,7 @@ STATUS: dict[type[errors.ConveyorError], int] = {
     errors.Conflict: 409,
     errors.MessageTooLarge: 413,
     errors.InvalidInput: 400,
-    errors.Unauthorized: 403,
+    errors.Unauthorized: 401,
     errors.PermissionDenied: 403,
     errors.Unavailable: 503,
     errors.InternalError: 500,
@@ -34,9 +34,18 @@ def json(content: Any, status: int = 200, headers: dict[str, str] | None = None)
                     media_type="application/json")
 
 
+def challenge(credentials_given: bool) -> str:
+    """The ``WWW-Authenticate`` of a 401: how to authenticate (RFC 6750's Bearer scheme; the
+    default header mode takes any Authorization header), and whether what came was refused."""
+    return 'Bearer realm="conveyor", error="invalid_token"' if credentials_given else 'Bearer realm="conveyor"'
+
+
 def error(exc: errors.ConveyorError) -> Response:
-    # a refusal by admission control says when to come back (HTTP's Retry-After)
-    headers = {"Retry-After": "1"} if isinstance(exc, errors.Throttled) else None
+    headers = None
+    if isinstance(exc, errors.Throttled):  # admission control says when to come back
+        headers = {"Retry-After": "1"}
+    elif isinstance(exc, errors.Unauthorized):
+        headers = {"WWW-Authenticate": challenge(True)}
     return json({"error": exc.message, "code": type(exc).__name__}, status_of(exc), headers)
 
 

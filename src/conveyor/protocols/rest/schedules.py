@@ -33,6 +33,11 @@ def _message(s: types.Schedule) -> Any:
     return orjson.Fragment(s.body) if s.content_type == types.JSON_CONTENT_TYPE else s.body
 
 
+def _warned(shown: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """A created or changed schedule, with what will go wrong when it fires, if anything."""
+    return {**shown, "warnings": warnings} if warnings else shown
+
+
 def _schedule(s: types.Schedule) -> dict[str, Any]:
     return {
         "name": s.name, "kind": s.canonical.kind, "expression": {k: str(v) for k, v in s.expression.items()},
@@ -117,7 +122,8 @@ async def create_schedule(request: Request) -> Response:
     spec = _spec(body, body.status or "active")
     async with broker(request).connection() as conn:
         s = await schedules.create(conn, body.name, spec)
-    return render.json(_schedule(s), 201, headers=_location(s.name))
+        warnings = await schedules.warnings(conn, s)
+    return render.json(_warned(_schedule(s), warnings), 201, headers=_location(s.name))
 
 
 async def get_schedule(request: Request) -> Response:
@@ -133,7 +139,9 @@ async def put_schedule(request: Request) -> Response:
     spec = _spec(body, body.status)  # None: a new schedule is active, an existing one keeps its status
     async with broker(request).connection() as conn:
         s, created = await schedules.upsert(conn, name, spec)
-    return render.json(_schedule(s), 201 if created else 200, headers=_location(s.name) if created else None)
+        warnings = await schedules.warnings(conn, s)
+    return render.json(_warned(_schedule(s), warnings), 201 if created else 200,
+                       headers=_location(s.name) if created else None)
 
 
 async def patch_schedule(request: Request) -> Response:
@@ -142,7 +150,8 @@ async def patch_schedule(request: Request) -> Response:
     async with broker(request).connection() as conn:
         changes = _changes(patch, await schedules.get(conn, name))
         s = await schedules.alter(conn, name, changes)
-    return render.json(_schedule(s))
+        warnings = await schedules.warnings(conn, s)
+    return render.json(_warned(_schedule(s), warnings))
 
 
 async def delete_schedule(request: Request) -> Response:

@@ -2,7 +2,7 @@
 // admin API (/api/v1). Every call carries the token the page asked for (kept in
 // sessionStorage, so it goes when the tab does). Data is put in the page as text nodes,
 // never as HTML.
-import { lineChart } from "/ui/static/chart.js";
+import { lineChart, setChartZone } from "/ui/static/chart.js";
 
 const TOKEN_KEY = "conveyor.token";
 const RANGES = [[15, "15 min"], [60, "1 h"], [360, "6 h"], [1440, "24 h"]];
@@ -39,11 +39,19 @@ function age(seconds) {
   if (s < 172800) return `${Math.round(s / 3600)} h`;
   return `${Math.round(s / 86400)} d`;
 }
+// Every time the page shows carries its zone: the browser's own, or UTC (the switch in the
+// header, kept for the tab), so a schedule's "At 02:00 (Europe/Paris)" and its next fire
+// times can be read side by side.
+const ZONE_KEY = "conveyor.zone";
+const zone = () => (sessionStorage.getItem(ZONE_KEY) === "UTC" ? "UTC" : undefined);
 function when(iso) {
   if (!iso) return "–";
   const d = new Date(iso);
-  return Number.isNaN(d.getTime()) ? String(iso) : d.toLocaleString();
+  if (Number.isNaN(d.getTime())) return String(iso);
+  return d.toLocaleString("en-GB", { timeZone: zone(), year: "numeric", month: "short", day: "numeric",
+    hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short" });
 }
+const plural = (n, one, many = `${one}s`) => `${num(n)} ${Number(n) === 1 ? one : many}`;
 const enc = encodeURIComponent;
 const link = (href, text) => h("a", { href }, text);
 const card = (k, v) => h("div", { class: "card" }, h("div", { class: "v", text: v }), h("div", { class: "k", text: k }));
@@ -86,7 +94,7 @@ async function api(path, { method = "GET", body } = {}) {
   const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   const text = await r.text();
   const data = text ? JSON.parse(text) : null;
-  if (r.status === 403 && data?.code === "Unauthorized") throw new Unauthorized(data.error);
+  if (r.status === 401) throw new Unauthorized(data?.error ?? "sign in");
   if (!r.ok) throw new Error(data?.error || `${r.status} ${r.statusText}`);
   return data;
 }
@@ -102,10 +110,11 @@ function confirmAction(title, text) {
   });
 }
 
-// A destructive action: the admin role, a confirmation, then the call and a redraw.
-function adminButton(label, title, text, run) {
+// An admin action: the admin role, a confirmation, then the call and a redraw. "danger"
+// (red) for what cannot be undone (purge, delete); "caution" for what can (a replay).
+function adminButton(label, title, text, run, kind = "danger") {
   return h("button", {
-    class: "danger", type: "button", disabled: !me?.may_admin,
+    class: kind, type: "button", disabled: !me?.may_admin,
     title: me?.may_admin ? null : "needs the admin role",
     onclick: async () => {
       if (!(await confirmAction(title, text))) return;
@@ -179,7 +188,7 @@ async function queuePage(name) {
       card("sent/s", rate(q.sent_per_sec)), card("done/s", rate(q.done_per_sec))),
     storageNote(q),
     q.dead_letter_queue ? h("p", {}, "Dead letters go to ", link(`#/dead-letters/queue/${enc(q.dead_letter_queue)}`, q.dead_letter_queue),
-      ` after ${q.max_receive_count} receives.`) : null,
+      ` after ${plural(q.max_receive_count, "receive")}.`) : null,
     q.dead_letter_of.length ? h("p", {}, "This is the dead-letter queue of ", q.dead_letter_of.join(", "), ": ",
       link(`#/dead-letters/queue/${enc(name)}`, "browse, replay or purge"), ".") : null,
     rangeButtons(), await charts("queue", name, QUEUE_PANELS),
@@ -369,7 +378,8 @@ async function deadLettersPage() {
 
 const replayQueueButton = (name) => adminButton("Replay all", `Replay ${name}?`,
   `Move every message of ${name} back to the queue it was dead-lettered from.`,
-  async () => { const t = await api(`/ui/api/queues/${enc(name)}/redrives`, { method: "POST" }); return `replaying ${t.to_move} messages`; });
+  async () => { const t = await api(`/ui/api/queues/${enc(name)}/redrives`, { method: "POST" }); return `replaying ${plural(t.to_move, "message")}`; },
+  "caution");
 
 const purgeQueueButton = (name) => adminButton("Purge", `Purge ${name}?`,
   `Delete every message of ${name}. This cannot be undone.`,
@@ -390,7 +400,7 @@ async function streamDeadLettersPage(name) {
   return [h("h1", { text: `Dead letters of stream ${name}` }),
     h("div", { class: "toolbar" },
       adminButton("Replay all", `Replay every dead letter of ${name}?`, "Each is appended to the stream again; every consumer sees it.",
-        async () => `replayed ${(await api(`${base}/replay`, { method: "POST" })).replayed}`),
+        async () => `replayed ${(await api(`${base}/replay`, { method: "POST" })).replayed}`, "caution"),
       adminButton("Purge", `Purge the dead letters of ${name}?`, "Delete every dead letter of this stream. This cannot be undone.",
         async () => `purged ${(await api(`${base}?older_than=0`, { method: "DELETE" })).purged}`)),
     table([
@@ -535,12 +545,14 @@ async function render() {
 async function whoami() {
   me = await api("/ui/api/whoami");
   document.getElementById("who").textContent = `role: ${me.role}`;
+  document.getElementById("logout").hidden = false;
 }
 
 function signIn(message) {
   me = null;
   sessionStorage.removeItem(TOKEN_KEY);
   document.getElementById("who").textContent = "";
+  document.getElementById("logout").hidden = true;  // nobody to sign out on the sign-in screen
   const err = document.getElementById("login-error");
   err.hidden = !message;
   err.textContent = message || "";
@@ -572,5 +584,13 @@ document.getElementById("live").addEventListener("change", (e) => {
   clearInterval(liveTimer);
   if (e.target.checked) liveTimer = setInterval(() => { if (!document.querySelector("dialog[open]")) render(); }, 10000);
 });
+const zoneSwitch = document.getElementById("zone");
+zoneSwitch.value = zone() ?? "local";
+zoneSwitch.addEventListener("change", (e) => {
+  if (e.target.value === "UTC") sessionStorage.setItem(ZONE_KEY, "UTC"); else sessionStorage.removeItem(ZONE_KEY);
+  setChartZone(zone());
+  render();
+});
+setChartZone(zone());
 window.addEventListener("hashchange", render);
 render();

@@ -22,8 +22,11 @@ function fmt(v) {
   return Number.isInteger(v) ? String(v) : v.toFixed(v < 10 ? 2 : 1);
 }
 
+let chartZone;  // undefined: the browser's zone; "UTC"
+export function setChartZone(z) { chartZone = z; }
+
 function clock(t) {
-  return t.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  return t.toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit", timeZone: chartZone, timeZoneName: "short" });
 }
 
 // series: [{label, color, points: [{t: Date, v: number|null}]}]; returns an <svg>.
