@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from conveyor.client import AsyncClient
+from conveyor.client import AsyncClient, Worker
 from conveyor.core import partitioned
 from conveyor.db import pool
 from support.server import ServerProcess
@@ -68,7 +68,7 @@ async def test_the_worker_holds_a_partition_with_heartbeats_and_retries_failures
         await partitioned.configure(conn, q, {"leaseTime": 1, "retryLimit": 1})
     await client.push(q, "long", partition="a")
     await client.push(q, "flaky", partition="b")
-    worker = client.worker(visibility_timeout=1, wait=0.3, max_attempts=5)
+    worker = Worker(client, visibility_timeout=1, wait=0.3, max_attempts=5)
     seen: list[tuple[str, int]] = []
 
     @worker.handler(q, partitioned=True, group="billing")

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from conveyor.client import AsyncClient, Client, DeadLetter, Message, send_in
+from conveyor.client import AsyncClient, Client, DeadLetter, Message, Worker, send_in
 from conveyor.core import messages, queues
 from conveyor.db import pool
 from support.server import ServerProcess
@@ -86,7 +86,7 @@ def test_the_blocking_client(server, module_dsn, queue_name):
 async def test_a_heartbeat_keeps_a_job_three_timeouts_long_from_being_redelivered(client, module_dsn, queue_name):
     q = await _queue(module_dsn, queue_name)
     await client.send(q, "long job")
-    worker = client.worker(visibility_timeout=1, wait=0.5)
+    worker = Worker(client, visibility_timeout=1, wait=0.5)
     seen = []
 
     @worker.handler(q)
@@ -112,7 +112,7 @@ async def test_retries_with_backoff_then_dead_letters(client, module_dsn, queue_
     q = await _queue(module_dsn, queue_name)
     await client.send(q, "flaky")
     await client.send(q, "poison")
-    worker = client.worker(max_attempts=3, retry_delay=0, wait=0.3)
+    worker = Worker(client, max_attempts=3, retry_delay=0, wait=0.3)
     attempts: dict[str, int] = {}
 
     @worker.handler(q)
@@ -142,7 +142,7 @@ async def test_a_delivery_taken_over_cancels_the_handler(module_dsn, server, que
     client = AsyncClient.http(server.url, "t")
     try:
         await client.send(q, "contested")
-        worker = client.worker(visibility_timeout=3, wait=0.3)
+        worker = Worker(client, visibility_timeout=3, wait=0.3)
         cancelled = asyncio.Event()
 
         @worker.handler(q)
@@ -170,11 +170,11 @@ async def test_a_delivery_taken_over_cancels_the_handler(module_dsn, server, que
 
 WORKER_SCRIPT = textwrap.dedent("""
     import asyncio, sys
-    from conveyor.client import AsyncClient
+    from conveyor.client import AsyncClient, Worker
 
     async def main():
         client = AsyncClient.http(sys.argv[1], "t")
-        worker = client.worker(visibility_timeout=60, shutdown_timeout=float(sys.argv[3]), wait=0.5)
+        worker = Worker(client, visibility_timeout=60, shutdown_timeout=float(sys.argv[3]), wait=0.5)
 
         @worker.handler(sys.argv[2])
         async def job(message):

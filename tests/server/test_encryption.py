@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from conveyor import crypto
-from conveyor.server.broker import QUEUE_CACHE_SECONDS
+from conveyor.server.brokers.base import QUEUE_CACHE_SECONDS
 from support.cli import CLI
 from support.server import ServerProcess
 

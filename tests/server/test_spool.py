@@ -225,7 +225,7 @@ async def test_full_is_a_clear_refusal(tmp_path):
     spool.close()
 
 
-# -- the replay (ServerBroker.replay_spool) against the real database ----------------------
+# -- the replay (brokers.failover.Failover.replay_spool) against the real database -----------
 
 
 @pytest.mark.parametrize("crash_in", ["remove", "forget"])
@@ -245,7 +245,7 @@ async def test_a_replay_cut_after_a_segment_is_stored_stores_nothing_twice(dsn, 
                                 "messages": [{"body": f"m{i}", "message_uuid": str(uuid.uuid4())}]})
         spool.seal_segment()
         broker = ServerBroker(Settings(), db, Metrics())
-        broker.spool = spool
+        broker.failover.spool = spool
 
         def crash(*_args: object) -> None:
             raise RuntimeError("the process dies here")
@@ -253,11 +253,11 @@ async def test_a_replay_cut_after_a_segment_is_stored_stores_nothing_twice(dsn, 
         with monkeypatch.context() as patched:
             patched.setattr(spooled if crash_in == "forget" else spool, crash_in, crash)
             with pytest.raises(RuntimeError, match="dies here"):
-                await broker.replay_spool()
+                await broker.failover.replay_spool()
         spool.close()
-        broker.spool = Spool(tmp_path, 1 << 20)  # the restart
-        await broker.replay_spool()
-        broker.spool.close()
+        broker.failover.spool = Spool(tmp_path, 1 << 20)  # the restart
+        await broker.failover.replay_spool()
+        broker.failover.spool.close()
         async with db.connection() as conn:
             bodies = [m.body for m in await messages.receive(conn, "replayed", qty=10)]
         assert sorted(bodies) == ["m0", "m1", "m2"]
@@ -282,8 +282,8 @@ async def test_a_record_that_reads_but_makes_no_sense_is_set_aside(dsn, tmp_path
                             "messages": [{"body": "kept", "message_uuid": str(uuid.uuid4())}]})
         spool.seal_segment()
         broker = ServerBroker(Settings(), db, Metrics())
-        broker.spool = spool
-        assert await broker.replay_spool() == 3
+        broker.failover.spool = spool
+        assert await broker.failover.replay_spool() == 3
         assert spool.waiting == 0
         rejected = (spool.slot_dir / "rejected.jsonl").read_text().splitlines()
         assert len(rejected) == 2 and all("malformed" in line for line in rejected)

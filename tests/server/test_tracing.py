@@ -134,7 +134,7 @@ def test_settings():
 async def test_a_worker_continues_the_senders_trace(dsn, spans):
     """The Python client's worker runs each handler in a CONSUMER span under the trace the
     message carries (sent by a traced request)."""
-    from conveyor.client import AsyncClient
+    from conveyor.client import AsyncClient, Worker
     from conveyor.core import queues
     from conveyor.db import pool
 
@@ -144,7 +144,7 @@ async def test_a_worker_continues_the_senders_trace(dsn, spans):
     try:
         with TestClient(create_app(Settings(auth_mode="header"), dsn), headers={"Authorization": "x"}) as c:
             c.post("/v1/queues/traced-work/messages", json={"message": "m"}, headers={"traceparent": PARENT})
-        worker = client.worker(wait=0.2)
+        worker = Worker(client, wait=0.2)
         handled = []
 
         @worker.handler("traced-work")

@@ -344,7 +344,8 @@ class HttpTransport:
 
 class AsyncClient:
     """Queues through one transport: ``AsyncClient.sql(dsn)`` or
-    ``AsyncClient.http(url, token)``. ``worker()`` runs handlers over received messages."""
+    ``AsyncClient.http(url, token)``. ``conveyor.client.worker.Worker(client)`` runs handlers
+    over received messages (the worker is built on the client, never the other way round)."""
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
@@ -436,11 +437,6 @@ class AsyncClient:
     async def _settle_leased(self, m: Leased, status: str, error: str | None = None) -> bool:
         [answer] = await self.transport.pq_ack([_ack_item(m, status, error)])
         return bool(answer.get("success"))
-
-    def worker(self, **options: Any) -> Any:
-        from conveyor.client.worker import Worker
-
-        return Worker(self, **options)
 
     async def close(self) -> None:
         await self.transport.close()

@@ -2,7 +2,7 @@
 graceful stop.
 
     client = AsyncClient.http("http://127.0.0.1:9324", token)
-    worker = client.worker(concurrency=4, visibility_timeout=30)
+    worker = Worker(client, concurrency=4, visibility_timeout=30)
 
     @worker.handler("emails")
     async def send_email(message: Received) -> None:
