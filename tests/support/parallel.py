@@ -3,7 +3,8 @@ docs/testing.md): which worker runs what, in what order, and which tests run alo
 
 * A test module is the unit of work: all of a module's tests run on one worker, in
   order, so its module-scoped fixtures (a ``conveyor serve`` process, a pg_cron
-  cluster, a Spark standalone cluster) are set up once, as in a serial run.
+  cluster) are set up once, as in a serial run. The Spark modules go in two lanes
+  (``LANES``), each run on one worker.
 * Modules marked ``long`` are handed out first (longest-processing-time first: a module
   that takes minutes, started last, would make every other worker wait for it); the
   others follow in collection order.
@@ -29,15 +30,31 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadFileScheduling
 
+# Modules that share a lane run one after the other on one worker: the Spark tests. Each
+# starts JVMs and Python workers that must connect back to their JVM within 10 s (fixed
+# in Spark: "Python worker failed to connect back"); four workers' worth of them at once
+# on a busy 2-core machine miss that. The standalone cluster's module has a lane of its
+# own, so at most two Spark drivers of this suite run at a time.
+LANES = (
+    ("tests/spark/test_cluster.py", "spark-cluster"),
+    ("tests/spark/", "spark"),
+    ("tests/pipeline/", "spark"),
+)
+
 
 class ModuleScheduling(LoadFileScheduling):
-    """``--dist loadfile`` in collection order (which puts ``long`` modules first), and a
-    worker is given its next module only when it is down to the last test of the current
-    one, so that no module waits behind a long test on one worker while another is idle."""
+    """``--dist loadfile`` (a module is a unit of work, or a lane of modules: ``LANES``)
+    in collection order (which puts ``long`` modules first), and a worker is given its
+    next unit only when it is down to the last test of the current one, so that no unit
+    waits behind a long test on one worker while another is idle."""
 
     def __init__(self, config: pytest.Config, log: Any = None) -> None:
         super().__init__(config, log)
         config.option.loadscopereorder = False  # keep the collection's order
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return next((lane for prefix, lane in LANES if module.startswith(prefix)), module)
 
     def _reschedule(self, node: Any) -> None:
         if node.shutting_down:
