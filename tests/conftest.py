@@ -8,7 +8,10 @@ The server is ``CONVEYOR_TEST_DATABASE_URL`` (default: the machine's PostgreSQL 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
+import queue
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -18,8 +21,34 @@ import pytest
 from psycopg import conninfo
 
 from conveyor.db import migrate, pool
+from support import parallel
 
 ADMIN_DSN = os.environ.get("CONVEYOR_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+# -- several xdist workers (tests/support/parallel.py) -----------------------------------
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """A module per worker at a time, ``long`` modules first (unless --dist says otherwise)."""
+    if config.getvalue("dist") in ("load", "loadfile"):
+        return parallel.ModuleScheduling(config, log)
+    return None
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameters
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    parallel.long_modules_first(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """Under xdist, a ``serial`` test runs while no other test runs."""
+    run = parallel.run_id()
+    if run is None:
+        return (yield)
+    with parallel.turn(run, alone=item.get_closest_marker("serial") is not None):
+        return (yield)
 
 
 def dsn_for(dbname: str) -> str:
@@ -44,9 +73,59 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
+class Databases:
+    """This worker's database chores off the tests' path: the next clone of the template
+    is made (on a thread) while a test runs, and a finished test's database is dropped
+    while the next ones run. A DROP DATABASE waits for a checkpoint of the whole server
+    (seconds on a busy machine); drops run a few at a time, so they share checkpoints."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self.ready: queue.Queue[str | BaseException] = queue.Queue()
+        self.to_make: queue.Queue[str | None] = queue.Queue()
+        self.maker = threading.Thread(target=self._make, daemon=True)
+        self.maker.start()
+        self.dropper = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="drop-database")
+        self.drops: list[concurrent.futures.Future[None]] = []
+        self.to_make.put(unique_name("conveyor_t"))
+
+    def clone(self) -> str:
+        """The name of a fresh clone of the template (made ahead), and the next one ordered."""
+        made = self.ready.get(timeout=300)
+        if isinstance(made, BaseException):
+            raise made
+        self.to_make.put(unique_name("conveyor_t"))
+        return made
+
+    def drop_later(self, name: str) -> None:
+        self.drops = [f for f in self.drops if not f.done() or f.exception()]
+        self.drops.append(self.dropper.submit(drop_database, name))
+
+    def close(self) -> None:
+        """Waits for the chores and drops the clone nobody took; raises a failed drop."""
+        self.to_make.put(None)
+        self.maker.join()
+        while not self.ready.empty():
+            made = self.ready.get()
+            if isinstance(made, str):
+                self.drop_later(made)
+        self.dropper.shutdown(wait=True)
+        for drop in self.drops:
+            drop.result()
+
+    def _make(self) -> None:
+        while (name := self.to_make.get()) is not None:
+            try:
+                create_database(name, template=self.template)
+                self.ready.put(name)
+            except Exception as exc:  # noqa: BLE001 - raised in the test that waits for it
+                self.ready.put(exc)
+
+
 @pytest.fixture(scope="session")
 def template_db() -> Iterator[str]:
-    """A database with every migration applied, cloned by ``dsn``."""
+    """A database with every migration applied, cloned by ``dsn`` (one per session, so
+    one per xdist worker)."""
     name = unique_name("conveyor_tpl")
     dsn = create_database(name)
 
@@ -59,20 +138,27 @@ def template_db() -> Iterator[str]:
     drop_database(name)
 
 
+@pytest.fixture(scope="session")
+def databases(template_db: str) -> Iterator[Databases]:
+    chores = Databases(template_db)
+    yield chores
+    chores.close()
+
+
 @pytest.fixture
-def empty_dsn() -> Iterator[str]:
+def empty_dsn(databases: Databases) -> Iterator[str]:
     """A fresh database with no Conveyor schema."""
     name = unique_name("conveyor_empty")
     yield create_database(name)
-    drop_database(name)
+    databases.drop_later(name)
 
 
 @pytest.fixture
-def dsn(template_db: str) -> Iterator[str]:
+def dsn(databases: Databases) -> Iterator[str]:
     """A fresh, migrated database for one test."""
-    name = unique_name("conveyor_t")
-    yield create_database(name, template=template_db)
-    drop_database(name)
+    name = databases.clone()
+    yield dsn_for(name)
+    databases.drop_later(name)
 
 
 @pytest.fixture
@@ -87,10 +173,10 @@ from support.server import ServerProcess  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def module_dsn(template_db: str) -> Iterator[str]:
+def module_dsn(template_db: str, databases: Databases) -> Iterator[str]:
     name = unique_name("conveyor_m")
     yield create_database(name, template=template_db)
-    drop_database(name)
+    databases.drop_later(name)
 
 
 @pytest.fixture(scope="module")

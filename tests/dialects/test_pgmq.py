@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from pgmq import Message, QueueMetrics, QueueRecord, SyncPGMQueue
 
-from conftest import create_database, drop_database, unique_name
+from conftest import Databases, create_database, drop_database, unique_name
 from dialects import pgmq_support
 from support import sqs_clients
 from support.server import ServerProcess
@@ -41,10 +41,10 @@ def pgmq_template(template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def db(pgmq_template: str) -> Iterator[str]:
+def db(pgmq_template: str, databases: Databases) -> Iterator[str]:
     name = unique_name("conveyor_pgmq")
     yield create_database(name, template=pgmq_template)
-    drop_database(name)
+    databases.drop_later(name)  # off the test's path
 
 
 @pytest.fixture

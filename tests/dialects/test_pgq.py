@@ -23,7 +23,7 @@ import psycopg2
 import pytest
 from psycopg import conninfo
 
-from conftest import create_database, drop_database, unique_name
+from conftest import Databases, create_database, drop_database, unique_name
 from conveyor import errors
 from conveyor.db import migrate, pool
 
@@ -46,10 +46,10 @@ def pgq_template(template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def db(pgq_template: str) -> Iterator[str]:
+def db(pgq_template: str, databases: Databases) -> Iterator[str]:
     name = unique_name("conveyor_pgq")
     yield create_database(name, template=pgq_template)
-    drop_database(name)
+    databases.drop_later(name)  # off the test's path
 
 
 @pytest.fixture
@@ -338,6 +338,7 @@ def test_info_has_pgq_columns(sql, real_pgq):
     assert one(sql, "SELECT pgq.version()") == "3.5"
 
 
+@pytest.mark.serial  # rotation waits for transactions older than the switch, anywhere on the server
 def test_rotation_through_pgq_maintenance_keeps_events(sql):
     one(sql, "SELECT pgq.create_queue('q')")
     one(sql, "SELECT pgq.set_queue_config('q', 'rotation_period', '1 second')")

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from psycopg import conninfo, sql
 
-from conftest import create_database, drop_database, unique_name
+from conftest import Databases, create_database, drop_database, unique_name
 from conveyor.db import migrate, pool
 from dialects import differences
 from support.server import ServerProcess
@@ -45,10 +45,10 @@ def pgque_template(template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def pq_dsn(pgque_template: str) -> Iterator[str]:
+def pq_dsn(pgque_template: str, databases: Databases) -> Iterator[str]:
     name = unique_name("conveyor_pgque")
     yield create_database(name, template=pgque_template)
-    drop_database(name)
+    databases.drop_later(name)  # off the test's path
 
 
 @pytest.fixture

@@ -15,9 +15,10 @@ from support.server import ServerProcess
 
 
 async def _load(url: str, queue: str, stop: asyncio.Event, clients: int = 16,
-                max_per_client: int = 3000) -> list[int]:
-    """Concurrent single sends until ``stop`` (bounded in count); the ids answered 201."""
-    acked: list[int] = []
+                max_per_client: int = 3000, acked: list[int] | None = None) -> list[int]:
+    """Concurrent single sends until ``stop`` (bounded in count); the ids answered 201
+    (appended to ``acked`` as they come, when given)."""
+    acked = [] if acked is None else acked
 
     async def client(n: int) -> None:
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": "t"}, timeout=5) as c:
@@ -49,8 +50,13 @@ async def test_sigkill_loses_nothing_acknowledged(dsn, queue_name, fusion):
         await queues.create(conn, queue_name)
     server = ServerProcess(dsn, env={"CONVEYOR_FUSION": fusion}).start()
     stop = asyncio.Event()
-    load = asyncio.create_task(_load(server.url, queue_name, stop))
-    await asyncio.sleep(1.5)
+    sent: list[int] = []
+    load = asyncio.create_task(_load(server.url, queue_name, stop, acked=sent))
+    # the load is well under way (waited for, not slept on: a busy machine is slower)
+    for _ in range(300):  # bounded: 30 s
+        if len(sent) > 200:
+            break
+        await asyncio.sleep(0.1)
     server.proc.kill()  # SIGKILL: no shutdown, no flush
     await asyncio.to_thread(server.proc.wait, 10)
     await asyncio.sleep(0.5)

@@ -28,6 +28,8 @@ from conveyor import errors
 from conveyor.pipeline import archive
 from spark.helpers import append, sql, tick
 
+pytestmark = pytest.mark.long(100)  # seconds on a quiet machine: started first (tests/support/parallel.py)
+
 
 def _ids(path: Path) -> list[int]:
     """The ids in the table as a non-Spark reader sees them, twice over: delta-rs, and

@@ -10,8 +10,12 @@ import statistics
 import subprocess
 import sys
 
+import pytest
+
 from conveyor.pipeline import archive
 from spark.helpers import append, sql, tick
+
+pytestmark = pytest.mark.long(40)  # seconds on a quiet machine: started first (tests/support/parallel.py)
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -6,7 +6,10 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 from openapi_spec_validator import validate
+
+pytestmark = pytest.mark.long(30)  # seconds on a quiet machine: started first (tests/support/parallel.py)
 
 
 def test_document_is_valid_openapi_31(server):

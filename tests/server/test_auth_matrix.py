@@ -23,6 +23,8 @@ from support.server import ServerProcess, free_port
 from support.sns_clients import sns_client
 from support.sqs_clients import client as sqs_client
 
+pytestmark = pytest.mark.long(30)  # seconds on a quiet machine: started first (tests/support/parallel.py)
+
 TOKENS = "good-token:admin,reader-token:read"
 CREDENTIALS = "AKIDCONVEYORTEST:good-secret,AKIDREADER:reader-secret:read"
 

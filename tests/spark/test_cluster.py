@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,7 @@ from conveyor.spark import standalone
 from spark import scenarios
 from spark.helpers import append, push, sql, tick
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``spark://127.0.0.1:<port>`` of a master with two one-core workers."""
-    with standalone.standalone(tmp_path_factory.mktemp("spark-cluster"), workers=2) as url:
-        yield url
+pytestmark = pytest.mark.long(200)  # seconds on a quiet machine: started first (tests/support/parallel.py)
 
 
 CONF = ["--conf", "spark.executor.memory=512m", "--conf", "spark.cores.max=2", "--conf",

@@ -22,6 +22,8 @@ from conveyor import crypto
 from conveyor.db import queries
 from spark.helpers import push, sql, value
 
+pytestmark = pytest.mark.long(40)  # seconds on a quiet machine: started first (tests/support/parallel.py)
+
 Key = tuple[str, int]  # (partition, seq)
 
 

@@ -47,7 +47,7 @@ from psycopg import conninfo
 from conveyor.db import migrate, pool
 from conveyor.db.embedded import DATABASE, EmbeddedError, EmbeddedPostgres, find_binaries
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long(70)]
 
 MODES = ("libpq", "bgworker")  # configurations in which pg_cron's jobs can run
 NOAUTH = "noauth"  # pg_cron's defaults: its logins are refused

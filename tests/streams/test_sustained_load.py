@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from conveyor.core import streams
 from conveyor.db import pool
 
@@ -24,6 +26,7 @@ async def _table_stats(conn, stream: str) -> list[tuple[str, int, int]]:
     return await cur.fetchall()
 
 
+@pytest.mark.serial  # rotation waits for transactions older than the switch, anywhere on the server
 async def test_continuous_appends_and_consumption_leave_no_bloat(dsn):
     async with pool.connect(dsn) as conn:
         await streams.create(conn, "load", {"rotation_period": "1 second", "ticker_max_lag": "0 seconds"})
