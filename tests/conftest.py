@@ -11,16 +11,19 @@ import asyncio
 import concurrent.futures
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 from psycopg import conninfo
 
-from conveyor.db import migrate, pool
+from conveyor.db import embedded, migrate, pool
 from support import parallel
 
 ADMIN_DSN = os.environ.get("CONVEYOR_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -39,16 +42,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 @pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameters
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     parallel.long_modules_first(items)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
-    """Under xdist, a ``serial`` test runs while no other test runs."""
-    run = parallel.run_id()
-    if run is None:
-        return (yield)
-    with parallel.turn(run, alone=item.get_closest_marker("serial") is not None):
-        return (yield)
 
 
 def dsn_for(dbname: str) -> str:
@@ -154,11 +147,69 @@ def empty_dsn(databases: Databases) -> Iterator[str]:
 
 
 @pytest.fixture
-def dsn(databases: Databases) -> Iterator[str]:
-    """A fresh, migrated database for one test."""
+def dsn(request: pytest.FixtureRequest, databases: Databases) -> Iterator[str]:
+    """A fresh, migrated database for one test (on the worker's own cluster for a test
+    marked ``own_cluster``)."""
+    if request.node.get_closest_marker("own_cluster") is not None:
+        own: OwnCluster = request.getfixturevalue("own_cluster")
+        name = own.clone()
+        yield own.dsn_for(name)
+        own.drop(name)
+        return
     name = databases.clone()
     yield dsn_for(name)
     databases.drop_later(name)
+
+
+class OwnCluster:
+    """A PostgreSQL cluster of this worker's own (an embedded one, started on first use),
+    for tests marked ``own_cluster``: tests that need no transaction older than theirs
+    anywhere on the server. Stream rotation waits for every transaction older than its
+    switch, in any database of the cluster (a txid snapshot is the cluster's), so on the
+    shared server other workers' tests (and their CREATE/DROP DATABASE) hold it back."""
+
+    def __init__(self) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix="conveyor-own-cluster-", dir="/tmp"))
+        os.chmod(self.data_dir, 0o755)  # traversable by the user PostgreSQL runs as under root
+        self.pg = embedded.EmbeddedPostgres(self.data_dir)
+        self.admin = self.pg.start()
+        self.templates: dict[tuple[str, ...], str] = {}
+
+    def dsn_for(self, name: str) -> str:
+        return conninfo.make_conninfo(self.admin, dbname=name)
+
+    def clone(self, dialects: tuple[str, ...] = ()) -> str:
+        """A fresh database migrated with ``dialects`` (a template per set, made once)."""
+        if dialects not in self.templates:
+            template = unique_name("conveyor_tpl")
+            with psycopg.connect(self.admin, autocommit=True) as admin:
+                admin.execute(f'CREATE DATABASE "{template}" ENCODING UTF8 TEMPLATE template0')
+
+            async def apply() -> None:
+                async with pool.connect(self.dsn_for(template)) as conn:
+                    await migrate.migrate(conn, dialects=dialects)
+
+            asyncio.run(apply())
+            self.templates[dialects] = template
+        name = unique_name("conveyor_t")
+        with psycopg.connect(self.admin, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.templates[dialects]}"')
+        return name
+
+    def drop(self, name: str) -> None:
+        with psycopg.connect(self.admin, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def close(self) -> None:
+        self.pg.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def own_cluster() -> Iterator[OwnCluster]:
+    cluster = OwnCluster()
+    yield cluster
+    cluster.close()
 
 
 @pytest.fixture

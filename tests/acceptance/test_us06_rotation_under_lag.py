@@ -16,7 +16,7 @@ async def _receive_all(sql, consumer: str) -> list[str]:
         await sql("SELECT conveyor.stream_ack(%s)", rows[0][0])
 
 
-@pytest.mark.serial  # rotation waits for transactions older than the switch, anywhere on the server
+@pytest.mark.own_cluster  # rotation waits for transactions older than the switch, anywhere on the server
 async def test_rotation_under_consumer_lag(sql):
     await sql("""SELECT * FROM conveyor.stream_create('stream', '{"rotation_period": "1 second"}')""")
     await sql("SELECT conveyor.stream_subscribe('stream', 'fast')")

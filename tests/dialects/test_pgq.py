@@ -46,7 +46,13 @@ def pgq_template(template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def db(pgq_template: str, databases: Databases) -> Iterator[str]:
+def db(request: pytest.FixtureRequest, pgq_template: str, databases: Databases) -> Iterator[str]:
+    if request.node.get_closest_marker("own_cluster") is not None:
+        own = request.getfixturevalue("own_cluster")
+        name = own.clone(dialects=("pgq",))
+        yield own.dsn_for(name)
+        own.drop(name)
+        return
     name = unique_name("conveyor_pgq")
     yield create_database(name, template=pgq_template)
     databases.drop_later(name)  # off the test's path
@@ -338,7 +344,7 @@ def test_info_has_pgq_columns(sql, real_pgq):
     assert one(sql, "SELECT pgq.version()") == "3.5"
 
 
-@pytest.mark.serial  # rotation waits for transactions older than the switch, anywhere on the server
+@pytest.mark.own_cluster  # rotation waits for transactions older than the switch, anywhere on the server
 def test_rotation_through_pgq_maintenance_keeps_events(sql):
     one(sql, "SELECT pgq.create_queue('q')")
     one(sql, "SELECT pgq.set_queue_config('q', 'rotation_period', '1 second')")

@@ -667,7 +667,7 @@ async def test_ticker_ticks_notify_conveyor_stream_and_the_stream_channel(dsn, c
 # --------------------------------------------------------------------------- rotation
 
 
-@pytest.mark.serial  # rotation waits for transactions older than the switch, anywhere on the server
+@pytest.mark.own_cluster  # rotation waits for transactions older than the switch, anywhere on the server
 async def test_rotation_switches_tables_and_loses_nothing_for_a_lagging_consumer(conn):
     await streams.create(conn, S, {"rotation_period": "1 second"})
     sid = await stream_id(conn, S)
@@ -684,7 +684,8 @@ async def test_rotation_switches_tables_and_loses_nothing_for_a_lagging_consumer
         return [op for _, op, _ in await streams.maint(conn)]
 
     async def tables() -> dict[str, str]:
-        rows = await sql(conn, f"SELECT ev_data, tableoid::regclass::text FROM conveyor.stream_{sid}")
+        rows = await sql(conn, f"SELECT ev_data, 'conveyor.' || c.relname FROM conveyor.stream_{sid} e "
+                               "JOIN pg_class c ON c.oid = e.tableoid")  # qualified whatever the search_path
         return dict(rows)
 
     async def cur_table() -> int:
@@ -735,7 +736,7 @@ async def test_rotation_switches_tables_and_loses_nothing_for_a_lagging_consumer
     assert payloads(await drain(conn, S, "slow")) == payloads(await drain(conn, S, "fast")) == ["e5"]
 
 
-@pytest.mark.serial  # rotation waits for transactions older than the switch, anywhere on the server
+@pytest.mark.own_cluster  # rotation waits for transactions older than the switch, anywhere on the server
 async def test_rotation_step_2_pending_shows_in_health(conn):
     await streams.create(conn, S, {"rotation_period": "1 second"})
     await sql(conn, "UPDATE conveyor.streams SET switch_time = now() - interval '1 hour'")  # rotation due

@@ -26,7 +26,7 @@ async def _table_stats(conn, stream: str) -> list[tuple[str, int, int]]:
     return await cur.fetchall()
 
 
-@pytest.mark.serial  # rotation waits for transactions older than the switch, anywhere on the server
+@pytest.mark.own_cluster  # rotation waits for transactions older than the switch, anywhere on the server
 async def test_continuous_appends_and_consumption_leave_no_bloat(dsn):
     async with pool.connect(dsn) as conn:
         await streams.create(conn, "load", {"rotation_period": "1 second", "ticker_max_lag": "0 seconds"})

@@ -8,9 +8,9 @@ docs/testing.md): which worker runs what, in what order, and which tests run alo
 * Modules marked ``long`` are handed out first (longest-processing-time first: a module
   that takes minutes, started last, would make every other worker wait for it); the
   others follow in collection order.
-* A test marked ``serial`` runs while no other test runs on any worker (the others wait
-  at their next test): for tests that need a quiet machine. Every other test holds a
-  shared lock for its setup, call and teardown; a ``serial`` test holds it exclusively.
+* A test that needs a server where nothing else runs (stream rotation) is marked
+  ``own_cluster``: its ``dsn`` is in a PostgreSQL cluster of its worker's own
+  (tests/conftest.py), so it never waits for the other workers.
 
 Every worker has its own session: its own template database (tests/conftest.py), Spark
 session and Spark cluster, and picks free ports and fresh directories as a serial run
@@ -19,12 +19,6 @@ does, so nothing else is shared between workers but the machine's PostgreSQL.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,29 +76,3 @@ def long_modules_first(items: list[pytest.Item]) -> None:
         modules[module] = max(modules.get(module, 0.0), seconds)
     rank = {module: (-seconds, n) for n, (module, seconds) in enumerate(modules.items())}
     items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
-
-
-def run_id() -> str | None:
-    """The id shared by the workers of one xdist run (None: not under xdist)."""
-    return os.environ.get("PYTEST_XDIST_TESTRUNUID")
-
-
-@contextlib.contextmanager
-def turn(run: str, alone: bool) -> Iterator[None]:
-    """A readers-writer lock over the run's workers, fair to the writer: everyone passes
-    through a turnstile, which a ``serial`` test keeps closed while it waits for the
-    running tests to end and while it runs."""
-    base = Path(tempfile.gettempdir()) / f"conveyor-tests-{run}"
-    with open(f"{base}.turnstile", "a+") as turnstile, open(f"{base}.lock", "a+") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            if not alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
