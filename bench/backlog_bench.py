@@ -5,12 +5,14 @@ the burst that left them (tables never analyzed since) and again after ANALYZE.
                                  [--where queue other] [--seconds 3] [--repeat 3] [--clients 8]
                                  [--before-src ../main/src]
 
-For each system, backlog size and place, a fresh database (migrated by this build, and with
---before-src also one migrated by that source tree, side by side) gets its backlog in one
+For each system and place of the backlog, one fresh database per backlog size (and, with
+--before-src, one more per size migrated by that source tree) gets its backlog in one
 INSERT ... SELECT generate_series beneath the API (the way a burst of sends leaves a
-table: grown from empty in seconds, never analyzed; autovacuum is held off those tables
-until the second phase), and then pgbench (-M prepared, --clients clients, -T --seconds)
-runs each system's cycle:
+table: grown from empty in seconds, never analyzed; autovacuum vacuums those tables as
+usual but is kept from analyzing them). Then pgbench (-M prepared, --clients clients, -T --seconds) runs
+each system's cycle on every database of the group in turn, --repeat rounds in a rotating
+order (so that the machine's drift weighs on all alike), first right after the burst,
+then again after ANALYZE:
 
   queue        SELECT conveyor.message_send_json(q, <10 messages>)          "send"
                receive 10 (conveyor.message_receive, vt 300) and delete them
@@ -115,9 +117,11 @@ def drop_database(name: str) -> None:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _hold_autovacuum(conn: psycopg.Connection, on: bool) -> None:
+def _hold_autoanalyze(conn: psycopg.Connection) -> None:
+    """Autovacuum still vacuums the backlog's tables, but never analyzes them: the statistics
+    stay those of the empty tables until the second phase's ANALYZE."""
     for table in ("messages_shared", "partition_messages"):
-        conn.execute(f"ALTER TABLE conveyor.{table} SET (autovacuum_enabled = {str(not on).lower()})".encode())
+        conn.execute(f"ALTER TABLE conveyor.{table} SET (autovacuum_analyze_threshold = 2000000000)".encode())
 
 
 def prepare(dsn: str, system: str, backlog: int, where: str, clients: int) -> str:
@@ -127,7 +131,7 @@ def prepare(dsn: str, system: str, backlog: int, where: str, clients: int) -> st
     holder = "q" if where == "queue" else "other"
     with psycopg.connect(dsn, autocommit=True) as conn:
         run = conn.execute
-        _hold_autovacuum(conn, True)
+        _hold_autoanalyze(conn)
         if system in ("queue", "pgmq"):
             for name in {target, holder}:
                 run("SELECT conveyor.queue_create(%s)" if system == "queue" else "SELECT pgmq.create(%s)", (name,))
@@ -157,7 +161,9 @@ def prepare(dsn: str, system: str, backlog: int, where: str, clients: int) -> st
             for name in {target, holder}:
                 run("SELECT conveyor.stream_create(%s, '{\"ticker_max_count\": 1000000}')", (name,))
             run("SELECT conveyor.stream_subscribe(%s, 'behind')", (holder,))
-            table, seq = run("SELECT table_name, event_seq FROM conveyor.stream_current_table(%s)", (holder,)).fetchone()
+            current = run("SELECT table_name, event_seq FROM conveyor.stream_current_table(%s)", (holder,)).fetchone()
+            assert current is not None
+            table, seq = current
             for lo in range(0, backlog, TICK_EVERY):
                 run(f"INSERT INTO {table} (ev_id, ev_type, ev_data) SELECT nextval('{seq}'), 't', %s "
                     f"FROM generate_series(1, {min(TICK_EVERY, backlog - lo)})".encode(), (BODY,))
@@ -195,7 +201,10 @@ def pgbench(dsn: str, target: str, script: Path, clients: int, seconds: float) -
             "-T", str(max(1, round(seconds))), "-D", f"q={target}", "-f", str(script),
             "-h", str(params.get("host", "127.0.0.1")), "-p", str(params.get("port", 5432)),
             "-U", str(params.get("user", "postgres")), str(params["dbname"])]
-    out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=seconds + 120).stdout
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120)
+    if done.returncode:
+        raise RuntimeError(f"pgbench failed ({done.returncode}): {done.stderr[-2000:]}")
+    out = done.stdout
     tps = re.search(r"tps = ([0-9.]+)", out)
     if not tps:
         raise RuntimeError(f"pgbench said: {out}")
@@ -205,86 +214,106 @@ def pgbench(dsn: str, target: str, script: Path, clients: int, seconds: float) -
     return Result(float(tps[1]) * 10, latencies)
 
 
-def measure(dsn: str, system: str, target: str, script: Path, args: argparse.Namespace) -> Result:
-    """The median of --repeat runs (after one short warm-up run)."""
-    runs = []
+def run_once(dsn: str, system: str, target: str, script: Path, args: argparse.Namespace, seconds: float) -> Result:
+    """One pgbench run (with a ticker beside it for a stream)."""
     ticker = Ticker(dsn, target) if system == "stream" else None
     try:
-        for k in range(args.repeat + 1):
-            if ticker:
-                ticker.start(args.seconds if k else 1)
-            result = pgbench(dsn, target, script, args.clients, args.seconds if k else 1)
-            if ticker:
-                ticker.stop()
-            if k:
-                runs.append(result)
+        if ticker:
+            ticker.start(seconds)
+        return pgbench(dsn, target, script, args.clients, seconds)
     finally:
         if ticker:
             ticker.stop()
-    rate = statistics.median(r.rate for r in runs)
-    latencies = [statistics.median(r.latencies[i] for r in runs) for i in range(len(runs[0].latencies))]
-    return Result(rate, latencies)
 
 
-def cell(args: argparse.Namespace, build: str, src: Path, system: str, backlog: int, where: str,
-         scripts: dict[str, Path]) -> dict[str, Result]:
-    name = f"conveyor_backlog_bench_{uuid.uuid4().hex[:8]}_{build}"
-    dsn = create_database(name, src)
+@dataclass
+class Cell:
+    build: str
+    backlog: int
+    name: str
+    dsn: str
+    target: str = "q"
+
+
+def measure_all(cells: list[Cell], system: str, script: Path, args: argparse.Namespace) -> dict[str, Result]:
+    """Each cell warmed up, then --repeat rounds over all of them, the order rotating from
+    round to round (a drift of the machine's speed weighs on every cell alike); medians."""
+    runs: dict[str, list[Result]] = {c.name: [] for c in cells}
+    for c in cells:
+        run_once(c.dsn, system, c.target, script, args, 1)
+    for r in range(args.repeat):
+        for c in cells[r % len(cells):] + cells[:r % len(cells)]:
+            runs[c.name].append(run_once(c.dsn, system, c.target, script, args, args.seconds))
+    return {name: Result(statistics.median(x.rate for x in got),
+                         [statistics.median(x.latencies[i] for x in got) for i in range(len(got[0].latencies))])
+            for name, got in runs.items()}
+
+
+def measure_group(args: argparse.Namespace, builds: dict[str, Path], system: str, where: str, sizes: list[int],
+                  script: Path) -> dict[tuple[str, int], dict[str, Result]]:
+    """Every (build, backlog) of one system and place: all databases loaded, then measured
+    side by side right after the burst (never analyzed), and again after ANALYZE."""
+    cells: list[Cell] = []
     try:
-        started = time.monotonic()
-        target = prepare(dsn, system, backlog, where, args.clients)
-        loaded = time.monotonic() - started
-        out = {"burst": measure(dsn, system, target, scripts[system], args)}
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("ANALYZE")
-            _hold_autovacuum(conn, False)
-        out["analyzed"] = measure(dsn, system, target, scripts[system], args)
-        print(f"  {build:<7} {system:<12} {where:<6} {backlog:>9,}  loaded in {loaded:6.1f} s  " + "  ".join(
-            f"{phase}: {r.rate:7.0f} msg/s ({', '.join(f'{x:.2f}' for x in r.latencies)} ms)"
-            for phase, r in out.items()), flush=True)
+        for backlog in sizes:
+            for build, src in builds.items():
+                name = f"conveyor_backlog_bench_{uuid.uuid4().hex[:8]}_{build}"
+                cells.append(Cell(build, backlog, name, create_database(name, src)))
+                started = time.monotonic()
+                cells[-1].target = prepare(cells[-1].dsn, system, backlog, where, args.clients)
+                print(f"  {build:<7} {system:<12} backlog in {where:<6} {backlog:>11,}  loaded in "
+                      f"{time.monotonic() - started:6.1f} s", flush=True)
+        out: dict[tuple[str, int], dict[str, Result]] = {(c.build, c.backlog): {} for c in cells}
+        for phase in ("burst", "analyzed"):
+            if phase == "analyzed":
+                for c in cells:
+                    with psycopg.connect(c.dsn, autocommit=True) as conn:
+                        conn.execute("ANALYZE")
+            for name, result in measure_all(cells, system, script, args).items():
+                c = next(x for x in cells if x.name == name)
+                out[(c.build, c.backlog)][phase] = result
+                print(f"  {c.build:<7} {system:<12} backlog in {where:<6} {c.backlog:>11,}  {phase:<9} "
+                      f"{result.rate:8.0f} msg/s ({', '.join(f'{x:.2f}' for x in result.latencies)} ms)", flush=True)
         return out
     finally:
-        drop_database(name)
+        for c in cells:
+            drop_database(c.name)
 
 
 def report(results: dict[tuple[str, str, str, int], dict[str, Result]], args: argparse.Namespace) -> None:
     print()
     print(f"messages/s through the cycle, and mean ms per statement (pgbench -M prepared, {args.clients} clients, "
-          f"median of {args.repeat} runs of {args.seconds:g} s); ratio to the same build's empty queue")
+          f"median of {args.repeat} runs of {args.seconds:g} s); in brackets the ratio to the same build's "
+          "figure with no backlog")
     for (build, system, where, backlog), phases in sorted(results.items(), key=lambda kv: (
             kv[0][1], kv[0][2], kv[0][0], kv[0][3])):
-        base = results.get((build, system, where, 0)) or results.get((build, system, "queue", 0)) or phases
+        base = results.get((build, system, where, 0), phases)
         for phase, r in phases.items():
             b = base[phase]
             cells = [f"{r.rate:8.0f} ({r.rate / b.rate:4.2f})"] + [
-                f"{row} {lat:6.2f} ms ({lat / blat:4.2f})"
+                f"{row} {lat:7.2f} ms ({lat / blat:5.2f})"
                 for row, lat, blat in zip(ROWS[system], r.latencies, b.latencies, strict=False)]
-            print(f"{build:<7} {system:<12} backlog in {where:<6} {backlog:>10,} {phase:<9} " + "  ".join(cells))
+            print(f"{build:<7} {system:<12} backlog in {where:<6} {backlog:>11,} {phase:<9} " + "  ".join(cells))
 
 
 def main(args: argparse.Namespace) -> None:
     builds = {"after": SRC} | ({"before": Path(args.before_src)} if args.before_src else {})
     results: dict[tuple[str, str, str, int], dict[str, Result]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        scripts = {}
-        for system, text in SCRIPTS.items():
-            scripts[system] = Path(tmp) / f"{system}.sql"
-            scripts[system].write_text(text)
         for system in args.systems:
+            script = Path(tmp) / f"{system}.sql"
+            script.write_text(SCRIPTS[system])
             for where in args.where:
-                for backlog in sorted(set(args.sizes) | {0}):
-                    if backlog == 0 and where == "other" and "queue" in args.where:
-                        continue  # the same as the backlog of 0 in the queue
-                    for build, src in builds.items():
-                        results[(build, system, where, backlog)] = cell(args, build, src, system, backlog, where,
-                                                                        scripts)
+                sizes = sorted(set(args.sizes) | {0})  # no backlog: the reference, measured beside the others
+                for (build, backlog), phases in measure_group(args, builds, system, where, sizes, script).items():
+                    results[(build, system, where, backlog)] = phases
     report(results, args)
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[0, 10_000, 100_000, 1_000_000],
-                   help="backlogs to measure (0 is always measured: the reference); 10000000 takes minutes")
+                   help="backlogs to measure (0, the reference, is always measured too); 10000000 takes minutes")
     p.add_argument("--systems", nargs="+", default=list(SCRIPTS), choices=list(SCRIPTS))
     p.add_argument("--where", nargs="+", default=["queue", "other"], choices=["queue", "other"],
                    help="the backlog in the queue the cycle works on, or in another one beside it")

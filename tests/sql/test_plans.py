@@ -267,6 +267,10 @@ HOT: dict[str, Callable[[psycopg.Connection], Callable[[], int]]] = {
     "FIFO receive": lambda sql: lambda: len(_rows(sql, "SELECT id FROM conveyor.message_receive('jobs.fifo', 0, 10)")),
     "FIFO receive with an attempt id": lambda sql: lambda: len(_rows(
         sql, "SELECT id FROM conveyor.message_receive_attempt('jobs.fifo', %s, 0, 10)", (uuid.uuid4().hex,))),
+    "FIFO receive retried with its attempt id": lambda sql: (lambda attempt: (
+        _rows(sql, "SELECT id FROM conveyor.message_receive_attempt('jobs.fifo', %s, 0, 10)", (attempt,)),
+        lambda: len(_rows(sql, "SELECT id FROM conveyor.message_receive_attempt('jobs.fifo', %s, 0, 10)",
+                          (attempt,))))[1])(uuid.uuid4().hex),
     "grouped receive": lambda sql: lambda: len(_rows(
         sql, "SELECT id FROM conveyor.message_receive_fifo('grouped', 0, 10)")),
     "pgmq read": lambda sql: lambda: len(_rows(sql, "SELECT msg_id FROM pgmq.read('pg', 300, 10)")),

@@ -15,7 +15,7 @@
 -- and splits that same set: those that reached the limit leave (to the dead-letter queue,
 -- else to the archive as failed), the others are delivered, by primary key (0017). While
 -- messages left and the receive is short, it picks again after what it has taken, at
--- most ROUNDS times (a backlog of over-limit messages is moved at most that many picks
+-- most ten times (a backlog of over-limit messages is moved at most that many picks
 -- per receive, the rest by the next receives; none is ever delivered). Queues without
 -- max_receive_count claim in one statement, as before. pop, pgmq's read and pop and SQS's
 -- ReceiveRequestAttemptId run this claim; the FIFO and grouped claims split their
@@ -58,7 +58,7 @@ BEGIN
         RETURNING m.*;
         RETURN;
     END IF;
-    FOR i IN 1 .. 10 LOOP  -- ROUNDS
+    FOR i IN 1 .. 10 LOOP  -- at most ten picks (above)
         -- the candidates, locked once: the same set is split and claimed
         SELECT array_agg(c.id) FILTER (WHERE c.receive_count < q.max_receive_count),
                array_agg(c.id) FILTER (WHERE c.receive_count >= q.max_receive_count)

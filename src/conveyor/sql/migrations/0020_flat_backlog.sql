@@ -123,8 +123,9 @@ CREATE INDEX messages_received_idx ON conveyor.messages (queue_id, group_id, vt)
 -- The oldest messages of a group are read by the group index in id order, a LIMIT at a
 -- time. Without statistics (a table filled since its last ANALYZE) a generic plan expects a
 -- handful of rows per group and prefers a bitmap scan of the whole group, sorted; so the
--- two group claims run without bitmap scans (a SET clause: for their own statements only),
--- which leaves the ordered index scan as the plan (tests/sql/test_plans.py).
+-- two group claims run without bitmap scans (a SET clause: for the claim and what it calls,
+-- such as _dead_letter, whose statements go by key anyway), which leaves the ordered index
+-- scan as the plan (tests/sql/test_plans.py).
 
 -- Claims up to qty messages of a FIFO queue: only from groups with nothing in flight, in
 -- id order within each group. Two statements choose the groups (0001 says why): the first
