@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from conftest import create_database, drop_database, unique_name
 from conveyor.core import queues
+from dialects import pgmq_support
 
 
 async def _plan(conn, sql: str, params: tuple = ()) -> str:
@@ -99,3 +109,222 @@ async def test_a_receive_reads_its_rows_only_when_its_queue_is_most_of_the_table
             await conn.execute("SELECT conveyor.message_delete('busy', %s::bigint[])", (ids,))
         read = await _rows_read(conn) - before
     assert read < 1000, f"{read} index entries and rows read for 16 calls on a queue of 10,000 messages"
+
+
+# -- every hot statement, over a backlog ------------------------------------------------------
+#
+# A backlog loaded in bulk (one INSERT ... SELECT per queue, as a burst of sends leaves it)
+# into tables never analyzed since (autovacuum off for them), and the same after ANALYZE:
+# each hot call, run under the plans the functions keep (generic ones), may read a bounded
+# number of index entries and rows per message it handles, never a share of the backlog
+# (migration 0020; before it, a delete of 10 by receipt read every message of its queue).
+
+BACKLOG = 20_000
+GROUPS = 20
+# rows read allowed per call: PER_CALL + PER_MESSAGE x messages handled (FIFO and grouped
+# receives look at every group holding messages, a few probes each: GROUPS of them here)
+PER_MESSAGE, PER_CALL = 12, 60 + 6 * GROUPS
+
+
+@pytest.fixture(scope="module")
+def backlog_template(template_db: str) -> Iterator[str]:
+    """Conveyor with the pgmq dialect, and nothing else yet."""
+    name = unique_name("conveyor_backlog_tpl")
+    pgmq_support.install_dialect(create_database(name, template=template_db))
+    yield name
+    drop_database(name)
+
+
+def _load_backlog(sql: psycopg.Connection) -> None:
+    """BACKLOG messages waiting in each of several queues (and a partitioned queue's
+    partition, and a stream consumer's ticks), inserted in bulk beneath the API."""
+    run = sql.execute
+    run("SELECT conveyor.queue_create('dlq')")
+    run("SELECT conveyor.queue_create('jobs')")
+    run("SELECT conveyor.queue_create('small')")
+    run("""SELECT conveyor.queue_create('limited', '{"max_receive_count": 3, "dead_letter_queue": "dlq"}')""")
+    run("""SELECT conveyor.queue_create('grouped')""")
+    run("""SELECT conveyor.queue_create('jobs.fifo', '{"content_based_deduplication": true}')""")
+    run("SELECT pgmq.create('pg')")
+    for queue, group in (("jobs", "NULL"), ("limited", "NULL"), ("grouped", f"'g' || mod(g, {GROUPS})"),
+                         ("jobs.fifo", f"'g' || mod(g, {GROUPS})"), ("pg", "NULL")):
+        run(f"""INSERT INTO conveyor.messages (queue_id, id, vt, sent_at, body, group_id)
+                SELECT q.id, g, now() - interval '1 minute', now(), 'x', {group}
+                  FROM conveyor.queues q, generate_series(1, {BACKLOG}) g WHERE q.name = %s""".encode(), (queue,))
+        run("SELECT setval(q.seq, %s) FROM conveyor.queues q WHERE q.name = %s", (BACKLOG, queue))
+    run(f"""INSERT INTO conveyor.message_groups (queue_id, group_id)
+            SELECT q.id, 'g' || k FROM conveyor.queues q, generate_series(0, {GROUPS - 1}) k WHERE q.name = 'jobs.fifo'""")
+    run("SELECT conveyor.pqueue_push(%s::jsonb)", (Jsonb([{"queue": "pq", "partition": p, "payload": 0,
+                                                          "transactionId": "first"} for p in ("a", "b", "c")]),))
+    run("""SELECT conveyor.pqueue_configure('pq', '{"maxWaitTimeSeconds": 3600}')""")
+    run(f"""INSERT INTO conveyor.partition_messages (partition_id, seq, transaction_id, payload)
+            SELECT p.id, g + 1, 't' || g, '0' FROM conveyor.partitions p JOIN conveyor.pqueues q ON q.id = p.queue_id,
+                   generate_series(1, {BACKLOG}) g WHERE q.name = 'pq'""")
+    run(f"""UPDATE conveyor.partitions p SET head = {BACKLOG + 1}, head_xid = pg_current_xact_id()
+              FROM conveyor.pqueues q WHERE q.id = p.queue_id AND q.name = 'pq'""")
+    # partition c: half of it consumed already (kept, as a partitioned queue keeps messages)
+    run("SELECT conveyor.pqueue_pop('{\"queue\": \"pq\", \"partition\": \"c\", \"autoAck\": true}')")
+    run(f"""UPDATE conveyor.partition_cursors x SET cursor = {BACKLOG // 2} FROM conveyor.partitions p
+             WHERE p.id = x.partition_id AND p.name = 'c' AND x.consumer_group = '__QUEUE_MODE__'""")
+    run("SELECT conveyor.stream_create('events')")
+    run("SELECT conveyor.stream_subscribe('events', 'reader')")
+    table, seq = run("SELECT table_name, event_seq FROM conveyor.stream_current_table('events')").fetchone()
+    for _ in range(BACKLOG // 500):  # ticks of 500 events, each burst in its own transaction
+        run(f"INSERT INTO {table} (ev_id, ev_type, ev_data) SELECT nextval('{seq}'), 't', 'x' "
+            "FROM generate_series(1, 500)")
+        run("SELECT conveyor.stream_force_tick('events')")
+
+
+@pytest.fixture(scope="module", params=["never analyzed", "analyzed before the burst", "analyzed"])
+def backlog_dsn(request: pytest.FixtureRequest, backlog_template: str) -> Iterator[str]:
+    """The backlog, with the tables never analyzed; analyzed when they held only another
+    queue's and partition's messages (statistics that have not seen the queues at hand); or
+    analyzed after the burst."""
+    name = unique_name("conveyor_backlog")
+    dsn = create_database(name, template=backlog_template)
+    with psycopg.connect(dsn, autocommit=True) as sql:
+        for table in ("messages_shared", "archive_shared", "partition_messages"):
+            sql.execute(f"ALTER TABLE conveyor.{table} SET (autovacuum_enabled = false)".encode())
+        if request.param == "analyzed before the burst":
+            sql.execute("SELECT conveyor.queue_create('earlier')")
+            sql.execute("SELECT conveyor.message_send_batch('earlier', array_fill('x'::text, ARRAY[1000]))")
+            sql.execute("SELECT conveyor.pqueue_push(%s::jsonb)", (Jsonb([{"queue": "earlier", "payload": k}
+                                                                         for k in range(1000)]),))
+            sql.execute("ANALYZE")
+        _load_backlog(sql)
+        if request.param == "analyzed":
+            sql.execute("ANALYZE")
+    yield dsn
+    drop_database(name)
+
+
+@pytest.fixture
+def backlog(backlog_dsn: str) -> Iterator[psycopg.Connection]:
+    """A session of its own: the first calls of a session are planned afresh (the plans a
+    function keeps are per session)."""
+    with psycopg.connect(backlog_dsn, autocommit=True) as sql:
+        yield sql
+
+
+def _read(sql: psycopg.Connection) -> int:
+    """Index entries and sequentially scanned rows read so far in this transaction, over
+    every table and index of Conveyor's schemas (partitions, stream tables included)."""
+    return sql.execute("""SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(c.oid)), 0)::bigint
+                            FROM pg_class c
+                           WHERE c.relnamespace IN ('conveyor'::regnamespace, 'pgmq'::regnamespace)
+                             AND c.relkind IN ('r', 'p', 'i', 'I')""").fetchone()[0]
+
+
+def _rows(sql: psycopg.Connection, query: str, params: object = ()) -> list[tuple]:
+    return sql.execute(query.encode(), params).fetchall()
+
+
+def _pq(sql: psycopg.Connection, function: str, arg: object) -> Any:
+    return sql.execute(f"SELECT conveyor.{function}(%s::jsonb)".encode(), (Jsonb(arg),)).fetchone()[0]
+
+
+def _received(sql: psycopg.Connection, queue: str = "jobs", qty: int = 10) -> list[tuple]:
+    return _rows(sql, "SELECT id, receive_count FROM conveyor.message_receive(%s, 300, %s)", (queue, qty))
+
+
+def _popped(sql: psycopg.Connection, request: dict) -> list[dict]:
+    return _pq(sql, "pqueue_pop", request)["messages"]
+
+
+def _acks(messages: list[dict], status: str = "completed") -> list[dict]:
+    return [{"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"],
+             "status": status} for m in messages]
+
+
+def _batch(sql: psycopg.Connection) -> int:
+    return sql.execute("SELECT conveyor.stream_next_batch('events', 'reader')").fetchone()[0]
+
+
+# Each hot call: (what it needs prepared, outside the count) -> (the call, inside it) -> messages handled.
+HOT: dict[str, Callable[[psycopg.Connection], Callable[[], int]]] = {
+    "receive": lambda sql: lambda: len(_received(sql)),
+    "receive, max_receive_count": lambda sql: lambda: len(_received(sql, "limited")),
+    "receive, another queue's backlog": lambda sql: (
+        sql.execute("SELECT conveyor.message_send_batch('small', array_fill('x'::text, ARRAY[10]))"),
+        lambda: len(_received(sql, "small")))[1],
+    "pop": lambda sql: lambda: len(_rows(sql, "SELECT id FROM conveyor.message_pop('jobs', 10)")),
+    "send": lambda sql: lambda: len(_rows(sql, "SELECT * FROM conveyor.message_send_json('jobs', %s::jsonb)",
+                                          (Jsonb([{"body": "x"}] * 10),))),
+    "delete by receipt": lambda sql: (lambda got: lambda: len(_rows(
+        sql, "SELECT conveyor.message_delete('jobs', %s::bigint[], %s::integer[])",
+        ([r[0] for r in got], [r[1] for r in got]))))(_received(sql)),
+    "delete by id": lambda sql: (lambda got: lambda: len(_rows(
+        sql, "SELECT conveyor.message_delete('jobs', %s::bigint[])", ([r[0] for r in got],))))(_received(sql)),
+    "archive by receipt": lambda sql: (lambda got: lambda: len(_rows(
+        sql, "SELECT conveyor.message_archive('jobs', %s::bigint[], %s::integer[])",
+        ([r[0] for r in got], [r[1] for r in got]))))(_received(sql)),
+    "change visibility by receipt": lambda sql: (lambda got: lambda: len(_rows(
+        sql, "SELECT id FROM conveyor.message_set_vt('jobs', %s::bigint[], %s::integer[], 600, true)",
+        ([r[0] for r in got], [r[1] for r in got]))))(_received(sql)),
+    "fail by receipt": lambda sql: (lambda got: lambda: int(_rows(
+        sql, "SELECT conveyor.message_fail('limited', %s, 'no', %s)", got[0])[0][0]))(_received(sql, "limited", 1)),
+    # (groups are left with nothing in flight: vt 0)
+    "FIFO receive": lambda sql: lambda: len(_rows(sql, "SELECT id FROM conveyor.message_receive('jobs.fifo', 0, 10)")),
+    "FIFO receive with an attempt id": lambda sql: lambda: len(_rows(
+        sql, "SELECT id FROM conveyor.message_receive_attempt('jobs.fifo', %s, 0, 10)", (uuid.uuid4().hex,))),
+    "FIFO receive retried with its attempt id": lambda sql: (lambda attempt: (
+        _rows(sql, "SELECT id FROM conveyor.message_receive_attempt('jobs.fifo', %s, 0, 10)", (attempt,)),
+        lambda: len(_rows(sql, "SELECT id FROM conveyor.message_receive_attempt('jobs.fifo', %s, 0, 10)",
+                          (attempt,))))[1])(uuid.uuid4().hex),
+    "grouped receive": lambda sql: lambda: len(_rows(
+        sql, "SELECT id FROM conveyor.message_receive_fifo('grouped', 0, 10)")),
+    "pgmq read": lambda sql: lambda: len(_rows(sql, "SELECT msg_id FROM pgmq.read('pg', 300, 10)")),
+    "pgmq pop": lambda sql: lambda: len(_rows(sql, "SELECT msg_id FROM pgmq.pop('pg', 10)")),
+    "pgmq send": lambda sql: lambda: len(_rows(sql, "SELECT pgmq.send_batch('pg', array_fill('1'::jsonb, ARRAY[10]))")),
+    "pgmq delete": lambda sql: (lambda got: lambda: len(_rows(sql, "SELECT pgmq.delete('pg', %s::bigint[])", (got,))))(
+        [r[0] for r in _rows(sql, "SELECT msg_id FROM pgmq.read('pg', 300, 10)")]),
+    "pgmq archive": lambda sql: (lambda got: lambda: len(_rows(sql, "SELECT pgmq.archive('pg', %s::bigint[])", (got,))))(
+        [r[0] for r in _rows(sql, "SELECT msg_id FROM pgmq.read('pg', 300, 10)")]),
+    "pgmq set_vt": lambda sql: (lambda got: lambda: len(_rows(sql, "SELECT msg_id FROM pgmq.set_vt('pg', %s::bigint[], 60)",
+                                                              (got,))))(
+        [r[0] for r in _rows(sql, "SELECT msg_id FROM pgmq.read('pg', 300, 10)")]),
+    "partitioned queue: pop a partition, ack": lambda sql: lambda: len(_pq(sql, "pqueue_ack", _acks(
+        _popped(sql, {"queue": "pq", "partition": "a", "batch": 10})))),
+    "partitioned queue: pop any partition, ack": lambda sql: lambda: len(_pq(sql, "pqueue_ack", _acks(
+        _popped(sql, {"queue": "pq", "batch": 10})))),
+    "partitioned queue: ack": lambda sql: (lambda got: lambda: len(_pq(sql, "pqueue_ack", _acks(got))))(
+        _popped(sql, {"queue": "pq", "partition": "c", "batch": 10})),
+    "partitioned queue: ack failed": lambda sql: (lambda got: lambda: len(_pq(sql, "pqueue_ack", _acks(got, "failed"))))(
+        _popped(sql, {"queue": "pq", "partition": "b", "batch": 10})),
+    "partitioned queue: renew, ack": lambda sql: (lambda got: lambda: (
+        _pq(sql, "pqueue_renew", [{"leaseId": got[0]["leaseId"]}]), len(_pq(sql, "pqueue_ack", _acks(got))))[1])(
+        _popped(sql, {"queue": "pq", "partition": "b", "batch": 10})),
+    "partitioned queue: push": lambda sql: lambda: len(_pq(sql, "pqueue_push", [
+        {"queue": "pq", "partition": "a", "payload": 1, "transactionId": uuid.uuid4().hex} for _ in range(10)])),
+    "stream: next batch, its events, ack": lambda sql: lambda: (
+        lambda batch: (len(_rows(sql, "SELECT * FROM conveyor.stream_get_batch_events(%s)", (batch,))),
+                       sql.execute("SELECT conveyor.stream_ack(%s)", (batch,)))[0])(_batch(sql)),
+    "stream: receive and ack": lambda sql: lambda: (
+        lambda got: (len(got), sql.execute("SELECT conveyor.stream_ack(%s)", (got[0][1],)))[0])(
+        _rows(sql, "SELECT id, batch_id FROM conveyor.stream_receive('events', 'reader', 1000)")),
+    "stream: send": lambda sql: lambda: len(_rows(
+        sql, "SELECT conveyor.stream_send_batch('events', 't', array_fill('x'::text, ARRAY[10]))")),
+}
+
+
+# The few rows every call updates (a partitioned queue's cursor, a FIFO group, a stream
+# consumer) leave dead versions that each lookup of them reads until autovacuum removes
+# them: that cost follows the calls since the last vacuum, not the backlog, so these small
+# tables are vacuumed (not analyzed) before each call.
+HOT_ROWS = ("queues", "message_groups", "receive_attempts", "pqueues", "partitions", "consumer_groups",
+            "partition_cursors", "partition_retries", "stream_consumers", "stream_ticks")
+
+
+@pytest.mark.parametrize("call", list(HOT))
+def test_hot_calls_read_a_bounded_number_of_rows_per_message_whatever_the_backlog(backlog, call):
+    """Each call three times in a new session, each in its own transaction."""
+    for _ in range(3):
+        run = HOT[call](backlog)
+        backlog.execute(("VACUUM " + ", ".join(f"conveyor.{t}" for t in HOT_ROWS)).encode())
+        with backlog.transaction():
+            before = _read(backlog)
+            handled = run()
+            read = _read(backlog) - before
+        assert handled > 0, f"{call} handled nothing: the test is not testing"
+        assert read <= PER_CALL + PER_MESSAGE * handled, (
+            f"{call}: {read} index entries and rows read for {handled} messages, with {BACKLOG} waiting")
