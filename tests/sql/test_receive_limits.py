@@ -85,8 +85,8 @@ def test_the_reason_of_a_message_past_the_limit_reads_as_english(sql):
 
 # -- queues ---------------------------------------------------------------------------------
 
-STANDARD_PATHS = ["receive", "pop", "grouped", "pgmq_read", "pgmq_pop"]
-FIFO_PATHS = ["receive", "pop", "attempt", "pgmq_read"]
+STANDARD_PATHS = ["receive", "pop", "grouped", "pgmq_read", "pgmq_pop", "pgmq_read_if", "pgmq_read_rr"]
+FIFO_PATHS = ["receive", "pop", "attempt", "pgmq_read", "pgmq_read_rr"]
 
 OPERATION = st.one_of(
     st.tuples(st.just("send"), st.integers(1, 8)),
@@ -97,7 +97,8 @@ OPERATION = st.one_of(
 )
 
 
-def _claim(conn: psycopg.Connection, path: str, queue: str, qty: int, vt: int, attempt: str) -> list[tuple]:
+def _claim(conn: psycopg.Connection, path: str, queue: str, qty: int, vt: int, attempt: str,
+           tag: str = "") -> list[tuple]:
     """(id, message_uuid, receive_count) of what one call of a path delivered."""
     columns = "id, message_uuid, receive_count"
     if path == "receive":
@@ -112,6 +113,11 @@ def _claim(conn: psycopg.Connection, path: str, queue: str, qty: int, vt: int, a
     # pgmq reports read_ct; the message's uuid is the engine's
     if path == "pgmq_read":
         rows = _rows(conn, "SELECT r.msg_id, r.read_ct FROM pgmq.read(%s, %s, %s) r", (queue, vt, qty))
+    elif path == "pgmq_read_if":  # a conditional read (every body of the scenario matches)
+        rows = _rows(conn, "SELECT r.msg_id, r.read_ct FROM pgmq.read(%s, %s, %s, %s) r",
+                     (queue, vt, qty, Jsonb({"t": tag})))
+    elif path == "pgmq_read_rr":  # grouped, round-robin across the groups
+        rows = _rows(conn, "SELECT r.msg_id, r.read_ct FROM pgmq.read_grouped_rr(%s, %s, %s) r", (queue, vt, qty))
     else:
         rows = _rows(conn, "SELECT r.msg_id, r.read_ct + 1 FROM pgmq.pop(%s, %s) r", (queue, qty))
     return [(i, f"{queue}/{i}", count) for i, count in rows]
@@ -142,11 +148,11 @@ def _run_queue_scenario(conn: psycopg.Connection, fifo: bool, limit: int, with_d
     n = 0
     for op in operations:
         if op[0] == "send":
-            bodies = [f"{tag}-{n + i}" for i in range(op[1])]
+            bodies = [f'{{"t": "{tag}", "n": {n + i}}}' for i in range(op[1])]
             groups = [f"g{(n + i) % 3}" for i in range(op[1])]
             n += op[1]
-            conn.execute("SELECT conveyor.message_send_batch(%s, %s::text[], group_ids => %s::text[])",
-                         (queue, bodies, groups))
+            conn.execute("SELECT conveyor.message_send_batch(%s, %s::text[], group_ids => %s::text[], "
+                         "content_types => %s::text[])", (queue, bodies, groups, ["application/json"] * len(bodies)))
             sent |= _uuids(conn, queue)
         elif op[0] in ("receive", "retry_attempt"):
             if op[0] == "receive":
@@ -157,7 +163,7 @@ def _run_queue_scenario(conn: psycopg.Connection, fifo: bool, limit: int, with_d
                 path, qty, vt = "attempt", 6, 30  # a retry of the last receive with an attempt id
             else:
                 continue
-            got = _claim(conn, path, queue, qty, vt, attempt)
+            got = _claim(conn, path, queue, qty, vt, attempt, tag)
             for mid, muid, count in got:
                 muid = sent[mid] if path.startswith("pgmq") else str(muid)
                 assert count <= limit, f"{path} delivered message {mid} with receive count {count} > {limit}"
@@ -275,3 +281,18 @@ def _run_partitioned_scenario(conn: psycopg.Connection, retry_limit: int, operat
 @given(retry_limit=st.integers(0, 2), operations=st.lists(PQ_OPERATION, min_size=1, max_size=25))
 def test_a_partitioned_queue_delivers_no_message_past_its_retry_limit(sql, retry_limit, operations):
     _run_partitioned_scenario(sql, retry_limit, operations)
+
+
+def test_pgmqs_conditional_read_delivers_none_past_the_limit(sql):
+    """The issue's scenario through pgmq's conditional read (pgmq dialect 0005's own claim):
+    the first candidates past the limit are dead-lettered, and the pick after them must not
+    take the other expired ones again."""
+    sql.execute("SELECT conveyor.queue_create('dlq')")
+    sql.execute("""SELECT conveyor.queue_create('q', '{"max_receive_count": 1, "dead_letter_queue": "dlq"}')""")
+    sql.execute("SELECT * FROM pgmq.send_batch('q', array_fill('{\"k\": 1}'::jsonb, ARRAY[6]))")
+    read = "SELECT msg_id, read_ct FROM pgmq.read('q', 30, 4, '{\"k\": 1}'::jsonb) ORDER BY msg_id"
+    assert _rows(sql, read) == [(1, 1), (2, 1), (3, 1), (4, 1)]
+    _expire(sql, "q", [1, 2, 3, 4])  # candidates 5, 6, 1, 2: 1 and 2 leave for the dead-letter queue
+    assert _rows(sql, read) == [(5, 1), (6, 1)]  # and 3 and 4 are not delivered a second time
+    assert _rows(sql, "SELECT count(*) FROM conveyor.messages m JOIN conveyor.queues d ON d.id = m.queue_id "
+                      "WHERE d.name = 'dlq'") == [(2,)]

@@ -281,3 +281,9 @@ BEGIN
 EXCEPTION WHEN undefined_object THEN
     RAISE WARNING 'conveyor: roles missing, grants skipped (%)', SQLERRM;
 END $$;
+
+-- Both keep the generic plans 0020 gave them (CREATE OR REPLACE resets a function's SET
+-- clauses, and pqueue_transaction has a new signature): an ack planned per call on a
+-- partition the statistics had not seen read every message kept before it.
+ALTER FUNCTION conveyor.pqueue_ack(jsonb, boolean) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION conveyor.pqueue_transaction(jsonb, jsonb) SET plan_cache_mode = force_generic_plan;

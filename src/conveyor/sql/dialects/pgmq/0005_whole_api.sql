@@ -142,7 +142,7 @@ BEGIN
                  ORDER BY m.vt, m.id LIMIT qty
                  FOR UPDATE SKIP LOCKED) c;
         IF expired IS NOT NULL THEN
-            PERFORM conveyor._dead_letter(q, expired, format('received more than %s times', q.max_receive_count));
+            PERFORM conveyor._dead_letter(q, expired, conveyor._receive_limit_reason(q.max_receive_count));
         END IF;
     END IF;
     RETURN QUERY
@@ -153,6 +153,8 @@ BEGIN
      WHERE m.queue_id = q.id
        AND m.id = ANY (ARRAY(SELECT c.id FROM conveyor.messages c
                               WHERE c.queue_id = q.id AND c.vt <= ts
+                                -- never past the limit (those beyond the first candidates wait)
+                                AND (q.max_receive_count IS NULL OR c.receive_count < q.max_receive_count)
                                 AND pgmq._message(c.body, c.content_type) @> conditional
                               ORDER BY c.vt, c.id LIMIT qty
                               FOR UPDATE SKIP LOCKED))
@@ -277,7 +279,7 @@ BEGIN
          WHERE m.queue_id = q.id AND coalesce(m.group_id, '') = ANY (groups) AND m.vt <= ts
            AND m.receive_count >= q.max_receive_count;
         IF expired IS NOT NULL THEN
-            PERFORM conveyor._dead_letter(q, expired, format('received more than %s times', q.max_receive_count));
+            PERFORM conveyor._dead_letter(q, expired, conveyor._receive_limit_reason(q.max_receive_count));
         END IF;
     END IF;
     RETURN QUERY
