@@ -144,7 +144,7 @@ def test_certificate_is_served_and_survives_a_restart(module_dsn, endpoint):
         x509.load_pem_x509_certificate(pem.content)
         with first.client() as rest:
             assert rest.get("/v1/cert").text == pem.text
-        assert httpx.get(first.url + "/v1/cert").status_code == 403  # REST needs credentials
+        assert httpx.get(first.url + "/v1/cert").status_code == 401  # REST asks who is calling
     finally:
         first.terminate()
     second = ServerProcess(module_dsn, env={"CONVEYOR_WEBHOOK_ALLOW": "127.0.0.1/32",
