@@ -203,13 +203,13 @@ def test_screenshots_of_every_page(signed_in, ui_server, tmp_path):
 
 def test_every_answer_under_ui_carries_the_security_headers(ui_server: ServerProcess):
     """/ui was served without Content-Security-Policy, X-Frame-Options and
-    X-Content-Type-Options: the page, its files, its data and its errors all carry them.
-    (A request without credentials is refused before it reaches the dashboard, by the
-    server's authentication, with a JSON body and no page to frame.)"""
+    X-Content-Type-Options: the page, its files, its data and its errors all carry them,
+    the server's own refusals included (a request without credentials is refused by the
+    server's authentication before it reaches the dashboard)."""
     reader = {"Authorization": f"Bearer {READER}"}
     for path, headers, status in (("/ui/", {}, 200), ("/ui/static/app.js", {}, 200),
                                   ("/ui/static/nothing.js", {}, 404), ("/ui/api/queues", reader, 200),
-                                  ("/ui/api/nothing", reader, 404)):
+                                  ("/ui/api/nothing", reader, 404), ("/ui/api/queues", {}, 401)):
         r = httpx.get(ui_server.url + path, headers=headers)
         assert r.status_code == status, path
         policy = r.headers.get("content-security-policy", "")

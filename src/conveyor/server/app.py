@@ -220,6 +220,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
             Mount("/ui", ui.app(broker, settings.auth_mode, settings.history_interval)),  # docs/dashboard.md
         ],
         middleware=[
+            Middleware(ui.SecurityHeaders, prefix="/ui"),  # outermost: the server's refusals of /ui too
             Middleware(middleware.Telemetry, metrics=metrics),
             Middleware(middleware.Admission, gate=gate, refuse=middleware.refuse_rest, metrics=metrics),
             Middleware(deadline.Deadline, seconds=settings.request_timeout, answer=deadline.answer_rest,

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -46,18 +45,26 @@ SECURITY_HEADERS = [
 
 
 class SecurityHeaders:
-    """Adds ``SECURITY_HEADERS`` to every response of the app it wraps, errors included."""
+    """Adds ``SECURITY_HEADERS`` to every response under ``prefix``, errors included. The
+    server wraps its whole stack in it, so its own refusals of /ui requests (401 before
+    authentication, 503 under overload) carry the headers as the dashboard's answers do."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, prefix: str = "/ui") -> None:
         self.app = app
+        self.prefix = prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not (path == self.prefix or path.startswith(self.prefix + "/")):
+            await self.app(scope, receive, send)
+            return
+
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
             await send(message)
 
-        await self.app(scope, receive, send_with_headers if scope["type"] == "http" else send)
+        await self.app(scope, receive, send_with_headers)
 
 
 async def _index(request: Request) -> Response:
@@ -72,5 +79,5 @@ def app(broker: object, auth_mode: str, interval: float) -> Starlette:
         Route("/", _index, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
         Mount("/api", api.app(broker, auth_mode, interval)),
-    ], exception_handlers={HTTPException: rest.http_error}, middleware=[Middleware(SecurityHeaders)])
+    ], exception_handlers={HTTPException: rest.http_error})
     return sub
