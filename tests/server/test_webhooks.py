@@ -1,7 +1,7 @@
 """The webhook delivery worker (conveyor.server.webhooks) against a real database and a
 real HTTP endpoint (an aiohttp server in the test's event loop): delivery and deletion on
-2xx, retries with the SQL backoff (the test makes a row due again instead of sleeping),
-exhaustion, held destinations that are never attempted, timeouts and refused connections,
+2xx, retries as the delivery policy says (the test makes a row due again instead of sleeping),
+exhaustion, a subscription's throttle and content type, held destinations that are never attempted, timeouts and refused connections,
 two workers sharing the outbox without delivering anything twice, and the metrics."""
 
 from __future__ import annotations
@@ -73,10 +73,14 @@ async def database(dsn: str) -> AsyncIterator[Database]:
 
 
 async def publish(db: Database, endpoint: str, body: str = "hello", *, raw: bool = False, count: int = 1,
-                  key: str = "orders") -> types.Subscription:
+                  key: str = "orders", policy: str | None = None, topic_policy: str | None = None
+                  ) -> types.Subscription:
     async with db.connection() as conn:
-        sub = await topics.subscribe(conn, types.NewSubscription(pattern=key, protocol=endpoint.split(":")[0],
-                                                                 endpoint=endpoint, raw_delivery=raw))
+        if topic_policy is not None:
+            await topics.create(conn, key, {"DeliveryPolicy": topic_policy})
+        sub = await topics.subscribe(conn, types.NewSubscription(
+            pattern=key, protocol=endpoint.split(":")[0], endpoint=endpoint, raw_delivery=raw,
+            attributes=None if policy is None else {"DeliveryPolicy": policy}))
         for i in range(count):
             await topics.publish(conn, key, types.Publication(body=f"{body}{i if count > 1 else ''}"),
                                  signer=None, urls=URLS)
@@ -89,7 +93,7 @@ async def rows(db: Database) -> list[types.Delivery]:
 
 
 def make_due(dsn: str) -> None:
-    """Skip the backoff: what the worker would do 10 s (30 s, ...) later, it may do now."""
+    """Skip the backoff: what the worker would do 20 s later, it may do now."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE conveyor.http_deliveries SET next_attempt_at = now()")
 
@@ -139,13 +143,13 @@ async def test_failures_back_off_then_succeed(database, dsn):
             [row] = await rows(database)
             assert row.attempt == 1 and row.state == "pending" and row.last_error == "HTTP 500: nope"
             wait = (row.next_attempt_at - dt.datetime.now(dt.UTC)).total_seconds()
-            assert 8 < wait <= 10  # the first backoff: 10 s
+            assert 18 < wait <= 20  # SNS's default policy: 3 retries, 20 s apart
             assert await webhooks.step(database, metrics, http, config()) == 0  # not due yet
             make_due(dsn)
             assert await webhooks.step(database, metrics, http, config()) == 1
             [row] = await rows(database)
             assert row.attempt == 2 and row.last_error == "HTTP 502: nope"
-            assert 28 < (row.next_attempt_at - dt.datetime.now(dt.UTC)).total_seconds() <= 30
+            assert 18 < (row.next_attempt_at - dt.datetime.now(dt.UTC)).total_seconds() <= 20
             make_due(dsn)
             assert await webhooks.step(database, metrics, http, config()) == 1
     assert len(hook.requests) == 3 and await rows(database) == []
@@ -159,15 +163,73 @@ async def test_exhausted_rows_stay_with_the_last_error(database, dsn):
         hook.statuses = [503] * 10
         await publish(database, hook.url)
         async with webhooks.session(config()) as http:
-            for _ in range(5):
+            for _ in range(4):  # the first try and SNS's default 3 retries
                 assert await webhooks.step(database, metrics, http, config()) == 1
                 make_due(dsn)
             assert await webhooks.step(database, metrics, http, config()) == 0
     [row] = await rows(database)
-    assert row.state == "exhausted" and row.attempt == 5 and row.last_error == "HTTP 503: nope"
-    assert len(hook.requests) == 5
+    assert row.state == "exhausted" and row.attempt == 4 and row.last_error == "HTTP 503: nope"
+    assert len(hook.requests) == 4
     assert sample(metrics, "queue_delivery_exhausted_total") == 1
-    assert sample(metrics, "queue_delivery_attempts_total", outcome="failure") == 5
+    assert sample(metrics, "queue_delivery_attempts_total", outcome="failure") == 4
+
+
+def _due_in(row: types.Delivery) -> float:
+    return (row.next_attempt_at - dt.datetime.now(dt.UTC)).total_seconds()
+
+
+async def test_the_subscriptions_delivery_policy_sets_retries_and_content_type(database, dsn):
+    """A subscription's DeliveryPolicy: two retries, 5 s then 40 s (linear backoff from
+    minDelayTarget to maxDelayTarget), and its requestPolicy's content type."""
+    policy = ('{"healthyRetryPolicy": {"numRetries": 2, "minDelayTarget": 5, "maxDelayTarget": 40, '
+              '"numMinDelayRetries": 1}, "requestPolicy": {"headerContentType": "application/json"}}')
+    async with hook_server() as hook:
+        hook.statuses = [500] * 5
+        await publish(database, hook.url, policy=policy)
+        async with webhooks.session(config()) as http:
+            await webhooks.step(database, Metrics(), http, config())
+            [row] = await rows(database)
+            assert (row.attempt, row.max_attempts, row.state) == (1, 3, "pending") and 3 < _due_in(row) <= 5
+            make_due(dsn)
+            await webhooks.step(database, Metrics(), http, config())
+            [row] = await rows(database)
+            assert row.attempt == 2 and 38 < _due_in(row) <= 40
+            make_due(dsn)
+            await webhooks.step(database, Metrics(), http, config())
+    [row] = await rows(database)
+    assert (row.attempt, row.state) == (3, "exhausted")
+    assert [h["content-type"] for h, _ in hook.requests] == ["application/json"] * 3
+
+
+async def test_the_topics_policy_applies_and_may_forbid_overrides(database, dsn):
+    """The topic's http defaults apply to subscriptions without a policy of their own, and
+    to every subscription when it sets disableSubscriptionOverrides."""
+    topic_policy = ('{"http": {"defaultHealthyRetryPolicy": {"numRetries": 0}, '
+                    '"disableSubscriptionOverrides": true}}')
+    async with hook_server() as hook:
+        hook.statuses = [500] * 3
+        await publish(database, hook.url, topic_policy=topic_policy,
+                      policy='{"healthyRetryPolicy": {"numRetries": 5}}')
+        async with webhooks.session(config()) as http:
+            await webhooks.step(database, Metrics(), http, config())
+    [row] = await rows(database)
+    assert (row.attempt, row.max_attempts, row.state) == (1, 1, "exhausted")
+
+
+async def test_a_throttled_subscription_is_deferred_without_counting_attempts(database):
+    """maxReceivesPerSecond 2: of 5 due rows, 2 are posted this second, 3 wait (attempt 0)."""
+    async with hook_server() as hook:
+        await publish(database, hook.url, count=5, policy='{"throttlePolicy": {"maxReceivesPerSecond": 2}}')
+        throttle = webhooks.Throttle()
+        async with webhooks.session(config()) as http:
+            assert await webhooks.step(database, Metrics(), http, config(), throttle=throttle) == 5
+            assert len(hook.requests) == 2
+            left = await rows(database)
+            assert len(left) == 3 and all(r.attempt == 0 for r in left)
+            assert sorted(round(_due_in(r)) for r in left) == [1, 1, 2]
+            await asyncio.sleep(1.1)
+            assert await webhooks.step(database, Metrics(), http, config(), throttle=throttle) == 2
+    assert len(hook.requests) == 4
 
 
 async def test_a_disallowed_destination_is_held_and_never_attempted(database):

@@ -13,6 +13,7 @@ import json
 import re
 import time
 
+import botocore.exceptions
 import httpx
 import psycopg
 import pytest
@@ -96,6 +97,54 @@ def test_signed_delivery_fails_twice_then_succeeds(server: ServerProcess, module
     assert metric(server.url, "queue_delivery_attempt_duration_seconds_count", outcome="failure") >= 2
     assert metric(server.url, "topic_messages_published_total", topic=topic.rsplit(":", 1)[1]) == 1
     assert metric(server.url, "topic_fanout_total", topic=topic.rsplit(":", 1)[1], kind="webhook") == 1
+
+
+def test_the_delivery_policy_decides_retries_delays_and_content_type(module_dsn, sns, make_topic, endpoint):
+    """A topic's DeliveryPolicy (one retry after 7 s, JSON content type) and a subscription
+    that sets its own retries (two) but may not: the topic disables overrides. The
+    first failure is retried 7 s later, the second leaves the row exhausted."""
+    topic = make_topic()
+    policy = {"http": {"defaultHealthyRetryPolicy": {"numRetries": 1, "minDelayTarget": 7, "maxDelayTarget": 7},
+                       "defaultRequestPolicy": {"headerContentType": "application/json"},
+                       "disableSubscriptionOverrides": True}}
+    sns.set_topic_attributes(TopicArn=topic, AttributeName="DeliveryPolicy", AttributeValue=json.dumps(policy))
+    sub = subscribe_http(sns, topic, endpoint)
+    sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName="DeliveryPolicy",
+                                    AttributeValue='{"healthyRetryPolicy": {"numRetries": 2}}')
+    effective = json.loads(sns.get_subscription_attributes(SubscriptionArn=sub)["Attributes"]["EffectiveDeliveryPolicy"])
+    assert effective["healthyRetryPolicy"]["numRetries"] == 1
+    assert effective["requestPolicy"] == {"headerContentType": "application/json"}
+    endpoint.statuses = [500, 500, 500]
+    sns.publish(TopicArn=topic, Message="retry me")
+    endpoint.wait_for(1)
+    wait_until(lambda: outbox(module_dsn, endpoint.url) == [(1, "HTTP 500: try again later", None)])
+    with psycopg.connect(module_dsn, autocommit=True) as conn:
+        wait, attempts = conn.execute("SELECT extract(epoch FROM next_attempt_at - now()), max_attempts "
+                                      "FROM conveyor.http_deliveries WHERE endpoint = %s", [endpoint.url]).fetchone()
+    assert 5 < wait <= 7 and attempts == 2
+    make_due(module_dsn)
+    received = endpoint.wait_for(2)
+    wait_until(lambda: outbox(module_dsn, endpoint.url) == [(2, "HTTP 500: try again later", None)])
+    time.sleep(0.5)
+    assert len(endpoint.received) == 2  # exhausted: no third attempt
+    assert [r.headers["content-type"] for r in received] == ["application/json"] * 2
+
+
+def test_a_delivery_policy_sns_refuses_is_invalid_parameter(sns, make_topic, endpoint):
+    topic = make_topic()
+    sub = subscribe_http(sns, topic, endpoint)
+    for call, kwargs in ((sns.set_subscription_attributes, {"SubscriptionArn": sub}),
+                         (sns.set_topic_attributes, {"TopicArn": topic})):
+        value = ('{"healthyRetryPolicy": {"numRetries": 101}}' if "SubscriptionArn" in kwargs
+                 else '{"http": {"defaultHealthyRetryPolicy": {"minDelayTarget": 30, "maxDelayTarget": 20}}}')
+        with pytest.raises(botocore.exceptions.ClientError) as caught:
+            call(AttributeName="DeliveryPolicy", AttributeValue=value, **kwargs)
+        error = caught.value.response["Error"]
+        assert error["Code"] == "InvalidParameter" and "DeliveryPolicy" in error["Message"], error
+    with pytest.raises(botocore.exceptions.ClientError) as caught:
+        sns.subscribe(TopicArn=topic, Protocol="http", Endpoint=endpoint.url + "/2",
+                      Attributes={"DeliveryPolicy": '{"throttlePolicy": {"maxReceivesPerSecond": 0}}'})
+    assert caught.value.response["Error"]["Code"] == "InvalidParameter"
 
 
 def test_raw_delivery_and_per_protocol_message(sns, make_topic, endpoint):

@@ -118,7 +118,7 @@ def test_get_and_set_subscription_attributes(sns, make_topic, make_queue):
     assert attrs["Endpoint"] == "https://hooks.example.com/x" and attrs["Owner"] == ACCOUNT
     assert attrs["PendingConfirmation"] == "true" and attrs["ConfirmationWasAuthenticated"] == "true"
     assert attrs["RawMessageDelivery"] == "false"
-    assert json.loads(attrs["EffectiveDeliveryPolicy"])["http"]["defaultHealthyRetryPolicy"]["numRetries"] == 4
+    assert json.loads(attrs["EffectiveDeliveryPolicy"])["healthyRetryPolicy"]["numRetries"] == 3  # SNS's default
     assert "FilterPolicy" not in attrs
 
     policy = {"store": ["example_corp"], "price": [{"numeric": [">=", 100]}]}

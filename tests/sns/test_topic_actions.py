@@ -96,7 +96,7 @@ def test_get_and_set_topic_attributes(sns):
     policy = json.loads(attrs["Policy"])
     assert policy["Statement"][0]["Resource"] == arn
     delivery = json.loads(attrs["EffectiveDeliveryPolicy"])
-    assert delivery["http"]["defaultHealthyRetryPolicy"]["numRetries"] == 4
+    assert delivery["http"]["defaultHealthyRetryPolicy"]["numRetries"] == 3  # SNS's default
     assert "FifoTopic" not in attrs
 
     sns.set_topic_attributes(TopicArn=arn, AttributeName="DisplayName", AttributeValue="Renamed")

@@ -1,4 +1,4 @@
-"""The webhook outbox: claims with SKIP LOCKED and a lease, backoff 10/30/60/300 s,
+"""The webhook outbox: claims with SKIP LOCKED and a lease, backoff as the caller says (the delivery policy),
 exhaustion, holds, retries, inspection and stats."""
 
 from __future__ import annotations
@@ -73,24 +73,41 @@ async def test_success_deletes(conn):
 
 
 async def test_failures_back_off_then_exhaust(conn):
+    """The caller (the worker, from the delivery policy) says when the next attempt is due
+    and how many attempts there are in all."""
     await _outbox(conn, 1)
     [d] = await topics.delivery_claim(conn, 1, 30)
     for attempt, backoff in enumerate([10, 30, 60, 300], start=1):
-        after = await topics.delivery_failed(conn, d.id, f"HTTP 500 #{attempt}")
+        after = await topics.delivery_failed(conn, d.id, f"HTTP 500 #{attempt}", backoff, 5)
         assert (after.attempt, after.state, after.last_error) == (attempt, "pending", f"HTTP 500 #{attempt}")
         assert backoff - 5 < await _seconds_until_due(conn, d.id) <= backoff
         assert await topics.delivery_claim(conn, 1, 30) == []  # not due yet
         await _make_due(conn)
         [d] = await topics.delivery_claim(conn, 1, 30)
         assert d.attempt == attempt
-    last = await topics.delivery_failed(conn, d.id, "connection refused")
+    last = await topics.delivery_failed(conn, d.id, "connection refused", 0, 5)
     assert (last.attempt, last.state, last.exhausted, last.last_error) == (5, "exhausted", True, "connection refused")
     await _make_due(conn)
     assert await topics.delivery_claim(conn, 10, 30) == []  # kept for inspection, never claimed
     assert [x.id for x in await topics.delivery_list(conn, "exhausted")] == [d.id]
     assert await topics.delivery_list(conn, "pending") == []
     with pytest.raises(errors.DeliveryNotFound):
-        await topics.delivery_failed(conn, 424242, "x")
+        await topics.delivery_failed(conn, 424242, "x", 1, 5)
+    for retry_in, attempts in ((-1, 5), (3601, 5), (1, 0), (1, 102)):
+        with pytest.raises(errors.InvalidInput):
+            await topics.delivery_failed(conn, d.id, "x", retry_in, attempts)
+
+
+async def test_a_deferred_row_keeps_its_attempts(conn):
+    """Rows a subscription's throttle holds back are due later and no attempt is counted."""
+    await _outbox(conn, 2)
+    claimed = await topics.delivery_claim(conn, 10, 30)
+    assert await topics.delivery_defer(conn, [d.id for d in claimed], 2.0) == 2
+    assert await topics.delivery_claim(conn, 10, 30) == []
+    for d in claimed:
+        assert 1 < await _seconds_until_due(conn, d.id) <= 2
+    await _make_due(conn)
+    assert [d.attempt for d in await topics.delivery_claim(conn, 10, 30)] == [0, 0]
 
 
 async def test_holds_are_never_claimed_until_retried(conn):
@@ -98,9 +115,9 @@ async def test_holds_are_never_claimed_until_retried(conn):
     first, second = await topics.delivery_claim(conn, 10, 30)
     held = await topics.delivery_hold(conn, first.id, "destination 10.0.0.1 is not allowed")
     assert (held.state, held.held_reason, held.attempt) == ("held", "destination 10.0.0.1 is not allowed", 0)
-    await topics.delivery_failed(conn, second.id, "boom")
+    await topics.delivery_failed(conn, second.id, "boom", 10, 5)
     for _ in range(4):
-        await topics.delivery_failed(conn, second.id, "boom")
+        await topics.delivery_failed(conn, second.id, "boom", 10, 5)
     await _make_due(conn)
     assert await topics.delivery_claim(conn, 10, 30) == []
     assert [d.id for d in await topics.delivery_list(conn, "held", subscription=sub.uuid)] == [first.id]
@@ -122,8 +139,8 @@ async def test_stats_count_by_state(conn):
     a, b, c, _d = await topics.delivery_claim(conn, 10, 30)
     await topics.delivery_hold(conn, a.id, "no")
     for _ in range(5):
-        await topics.delivery_failed(conn, b.id, "x")
-    await topics.delivery_failed(conn, c.id, "x")
+        await topics.delivery_failed(conn, b.id, "x", 10, 5)
+    await topics.delivery_failed(conn, c.id, "x", 10, 5)
     stats = await topics.deliveries_stats(conn)
     assert (stats.pending, stats.due, stats.held, stats.exhausted) == (2, 0, 1, 1)
     assert isinstance(stats.oldest_pending_age, dt.timedelta)

@@ -148,7 +148,7 @@ async def test_http_subscriptions_get_outbox_rows(conn, signer):
     assert published.endpoints == 2 and published.queues == ()
     first, second = await topics.delivery_list(conn)
     assert (first.subscription_id, first.endpoint, first.payload) == (raw.id, "http://127.0.0.1:9/raw", "hello")
-    assert first.message_id == published.message_id and first.attempt == 0 and first.max_attempts == 5
+    assert first.message_id == published.message_id and first.attempt == 0 and first.max_attempts == 4  # SNS: the first try and 3 retries
     assert first.state == "pending" and first.held_reason is None
     topic_arn = "arn:aws:sns:us-east-1:123456789012:orders.created"
     assert first.headers == {

@@ -19,16 +19,13 @@ from uuid import UUID
 import orjson
 
 from conveyor import crypto, errors, types
-from conveyor.core import filter_policy, messages, signing
+from conveyor.core import delivery_policy, filter_policy, messages, signing
 from conveyor.db import execute as db
 from conveyor.settings import Settings
 
 Connection = db.Connection
 
 SubscriptionRef = UUID | int | str  # a subscription's uuid, id, or either as text
-
-# SNS HTTP(S) deliveries: the first try and four retries after 10 s, 30 s, 60 s, 300 s
-DEFAULT_MAX_ATTEMPTS = 5
 
 # -- topics ---------------------------------------------------------------------------------
 
@@ -315,12 +312,38 @@ async def delivery_succeeded(conn: Connection, ids: Sequence[int]) -> int:
     return int(await db.fetch_value(conn, "delivery_succeeded", {"ids": list(ids)}))
 
 
-async def delivery_failed(conn: Connection, delivery_id: int, error: str) -> types.Delivery:
-    """An attempt failed: count it and schedule the next one after 10 s, 30 s, 60 s, then
-    300 s; a row that used its last attempt stays (``state`` 'exhausted') with the error.
-    Raises errors.DeliveryNotFound if the row is gone."""
-    return await db.fetch_row(conn, "delivery_failed", {"id": delivery_id, "error": error},
-                              row=types.Delivery)
+async def delivery_failed(conn: Connection, delivery_id: int, error: str, retry_in: float,
+                          attempts: int) -> types.Delivery:
+    """An attempt failed: count it and schedule the next one ``retry_in`` seconds later, out
+    of ``attempts`` in all (its delivery policy's, ``core.delivery_policy``); a row that used
+    its last attempt stays (``state`` 'exhausted') with the error. Raises
+    errors.DeliveryNotFound if the row is gone."""
+    return await db.fetch_row(conn, "delivery_failed", {"id": delivery_id, "error": error, "retry_in": retry_in,
+                                                        "attempts": attempts}, row=types.Delivery)
+
+
+async def delivery_defer(conn: Connection, ids: Sequence[int], seconds: float) -> int:
+    """Claimed rows not attempted (their subscription's throttle): due again ``seconds``
+    later, no attempt counted."""
+    return int(await db.fetch_value(conn, "delivery_defer", {"ids": list(ids), "seconds": seconds}))
+
+
+async def delivery_policies(conn: Connection,
+                            deliveries: Sequence[types.Delivery]) -> dict[int, delivery_policy.Effective]:
+    """The effective delivery policy (``core.delivery_policy.Effective``) of each
+    delivery's subscription, by delivery id: the subscription's DeliveryPolicy over its
+    topic's (the topic the message was published to)."""
+    wanted = {(d.subscription_id, _topic_of(d)) for d in deliveries}
+    rows = await db.fetch_all(conn, "delivery_policies", {"subscription_ids": [s for s, _ in wanted],
+                                                          "topics": [t for _, t in wanted]})
+    found = {(sub, topic): delivery_policy.effective(topic_policy, sub_policy)
+             for sub, topic, sub_policy, topic_policy in rows}
+    return {d.id: found.get((d.subscription_id, _topic_of(d)), delivery_policy.DEFAULT) for d in deliveries}
+
+
+def _topic_of(delivery: types.Delivery) -> str:
+    """The topic a delivery's message was published to, from its SNS TopicArn header."""
+    return str((delivery.headers or {}).get("x-amz-sns-topic-arn", "")).rpartition(":")[2]
 
 
 async def delivery_hold(conn: Connection, delivery_id: int, reason: str) -> types.Delivery:

@@ -7,14 +7,19 @@ releases the database connection, POSTs them concurrently, then records the outc
 
 * a 2xx answer deletes the row (``delivery_succeeded``);
 * anything else — another status (redirects are not followed), a timeout, a refused or
-  reset connection, a failed DNS lookup — counts an attempt (``delivery_failed``): the SQL
-  schedules the next one after 10 s, 30 s, 60 s, then 300 s, and keeps the row with its
-  last error once the attempts are used up ("exhausted");
+  reset connection, a failed DNS lookup — counts an attempt (``delivery_failed``): the next
+  one follows the subscription's delivery policy (``core.delivery_policy``: its own
+  DeliveryPolicy over its topic's, SNS's defaults otherwise: three retries 20 s apart), and
+  the row stays with its last error once the attempts are used up ("exhausted");
+* rows over their subscription's ``maxReceivesPerSecond`` are not attempted this round:
+  deferred (``delivery_defer``) without counting an attempt. The throttle is counted per
+  server process: N processes deliver at most N times the rate;
 * a destination the egress allowlist does not allow is never attempted: the row is held
   with the reason (``delivery_hold``).
 
 The row carries the exact body (raw message or signed envelope, chosen at publish time)
-and SNS's headers; the worker adds ``Content-Type: text/plain; charset=UTF-8`` as SNS does,
+and SNS's headers; the worker adds the policy's ``Content-Type`` (SNS's default
+``text/plain; charset=UTF-8``),
 and completes an envelope's ``UnsubscribeURL`` with the subscription's token
 (``core.unsubscribe_links``: only the endpoint ever sees it). Connections go only to
 addresses the allowlist checked (see ``egress``).
@@ -29,7 +34,7 @@ import socket
 import ssl
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +43,13 @@ import aiohttp.abc
 import yarl
 
 from conveyor import errors, tracing, types
-from conveyor.core import topics, unsubscribe_links
+from conveyor.core import delivery_policy, topics, unsubscribe_links
 from conveyor.db.pool import Database
 from conveyor.server import egress
 from conveyor.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-CONTENT_TYPE = "text/plain; charset=UTF-8"
 USER_AGENT = "Amazon Simple Notification Service Agent"  # what SNS sends; some receivers check it
 MAX_ERROR_BODY = 200  # characters of an error answer kept in last_error
 STATS_INTERVAL = 15.0
@@ -99,11 +103,42 @@ def session(config: Config) -> aiohttp.ClientSession:
                                  headers={"User-Agent": USER_AGENT})
 
 
-def request_headers(delivery: types.Delivery) -> dict[str, str]:
+def request_headers(delivery: types.Delivery, content_type: str = delivery_policy.DEFAULT_CONTENT_TYPE
+                    ) -> dict[str, str]:
     headers = {k: str(v) for k, v in (delivery.headers or {}).items() if k.lower() != "content-type"}
     headers.setdefault("x-amz-sns-message-id", str(delivery.message_id))
-    headers["Content-Type"] = CONTENT_TYPE
+    headers["Content-Type"] = content_type
     return headers
+
+
+class Throttle:
+    """Each subscription's ``maxReceivesPerSecond``, counted in one-second windows."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.windows: dict[int, tuple[float, int]] = {}  # subscription id -> (window start, sent in it)
+
+    def admit(self, claimed: list[types.Delivery], policies: Mapping[int, delivery_policy.Effective]
+              ) -> tuple[list[types.Delivery], dict[float, list[int]]]:
+        """The rows to attempt now, and the others by how many seconds to defer them."""
+        now = self.clock()
+        now_rows: list[types.Delivery] = []
+        later: dict[float, list[int]] = {}
+        for d in claimed:
+            rate = policies[d.id].max_per_second
+            if rate is None:
+                now_rows.append(d)
+                continue
+            start, sent = self.windows.get(d.subscription_id, (now, 0))
+            if now - start >= 1.0:
+                start, sent = now, 0
+            if sent < rate:
+                now_rows.append(d)
+            else:
+                wait = round(1.0 - (now - start) + (sent - rate) // rate, 3)
+                later.setdefault(wait, []).append(d.id)
+            self.windows[d.subscription_id] = (start, sent + 1)
+        return now_rows, later
 
 
 def body(delivery: types.Delivery, links: unsubscribe_links.Links) -> str:
@@ -120,7 +155,8 @@ def body(delivery: types.Delivery, links: unsubscribe_links.Links) -> str:
 
 
 async def attempt(http: aiohttp.ClientSession, config: Config, delivery: types.Delivery,
-                  links: unsubscribe_links.Links) -> Outcome:
+                  links: unsubscribe_links.Links, content_type: str = delivery_policy.DEFAULT_CONTENT_TYPE
+                  ) -> Outcome:
     """POST one delivery; never raises."""
     started = time.perf_counter()
     try:
@@ -128,7 +164,7 @@ async def attempt(http: aiohttp.ClientSession, config: Config, delivery: types.D
         if url.scheme not in ("http", "https") or not url.host:
             return Outcome(False, f"not an http(s) URL: {delivery.endpoint}")
         egress.check_literal(config.allowlist, url.host)
-        async with http.post(url, data=body(delivery, links).encode("utf-8"), headers=request_headers(delivery),
+        async with http.post(url, data=body(delivery, links).encode("utf-8"), headers=request_headers(delivery, content_type),
                              allow_redirects=False) as response:
             text = (await response.content.read(MAX_ERROR_BODY * 4)).decode("utf-8", "replace")
             elapsed = time.perf_counter() - started
@@ -149,7 +185,7 @@ def _describe(exc: BaseException) -> str:
 
 
 async def record(database: Database, metrics: Metrics, claimed: list[types.Delivery],
-                 outcomes: list[Outcome]) -> None:
+                 outcomes: list[Outcome], policies: Mapping[int, delivery_policy.Effective]) -> None:
     """Store what happened to each claimed delivery."""
     async with database.connection() as conn:
         done = [d.id for d, o in zip(claimed, outcomes, strict=True) if o.ok]
@@ -163,7 +199,11 @@ async def record(database: Database, metrics: Metrics, claimed: list[types.Deliv
                     await topics.delivery_hold(conn, delivery.id, outcome.error or "not allowed")
                     metrics.record_delivery_held()
                     continue
-                after = await topics.delivery_failed(conn, delivery.id, outcome.error or "failed")
+                retry = policies[delivery.id].retry
+                made = delivery.attempt + 1  # attempts made, this one included
+                after = await topics.delivery_failed(conn, delivery.id, outcome.error or "failed",
+                                                     retry.delay(made) if made < retry.attempts else 0.0,
+                                                     retry.attempts)
             except errors.DeliveryNotFound:
                 continue  # unsubscribed meanwhile: the row went with its subscription
             if after.state == "exhausted":
@@ -174,17 +214,23 @@ async def record(database: Database, metrics: Metrics, claimed: list[types.Deliv
 
 
 async def step(database: Database, metrics: Metrics, http: aiohttp.ClientSession, config: Config,
-               links: unsubscribe_links.Links | None = None) -> int:
+               links: unsubscribe_links.Links | None = None, throttle: Throttle | None = None) -> int:
     """One round: claim, deliver, record. Returns how many deliveries were claimed.
-    ``links``: the database's unsubscribe key, loaded now if not given (``run`` loads it once)."""
+    ``links``: the database's unsubscribe key, loaded now if not given (``run`` loads it once);
+    ``throttle``: the subscriptions' rates so far (``run`` keeps one across rounds)."""
     async with database.connection() as conn:
         claimed = await topics.delivery_claim(conn, config.batch, config.lease_seconds)
         if not claimed:
             return 0
         links = links or await unsubscribe_links.load(conn)
+        policies = await topics.delivery_policies(conn, claimed)
+        now, later = (throttle or Throttle()).admit(claimed, policies)
+        for seconds, ids in later.items():
+            await topics.delivery_defer(conn, ids, seconds)
     with tracing.job_span("webhooks.deliver"):
-        outcomes = await asyncio.gather(*(attempt(http, config, d, links) for d in claimed))
-        await record(database, metrics, claimed, list(outcomes))
+        outcomes = await asyncio.gather(*(attempt(http, config, d, links, policies[d.id].content_type)
+                                          for d in now))
+        await record(database, metrics, now, list(outcomes), policies)
     return len(claimed)
 
 
@@ -199,6 +245,7 @@ async def run(database: Database, metrics: Metrics, config: Config) -> None:
     loop = asyncio.get_running_loop()
     next_stats = loop.time()
     links: unsubscribe_links.Links | None = None
+    throttle = Throttle()
     async with session(config) as http:
         while True:
             claimed = 0
@@ -206,7 +253,7 @@ async def run(database: Database, metrics: Metrics, config: Config) -> None:
                 if links is None:
                     async with database.connection() as conn:
                         links = await unsubscribe_links.load(conn)
-                claimed = await step(database, metrics, http, config, links)
+                claimed = await step(database, metrics, http, config, links, throttle)
                 if loop.time() >= next_stats:
                     await _stats(database, metrics)
                     next_stats = loop.time() + STATS_INTERVAL

@@ -21,17 +21,17 @@ HTTP(S) subscription confirmed with ``AuthenticateOnUnsubscribe=true``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from typing import Any
 from urllib.parse import urlsplit
 
 from conveyor import errors, json_input, types
-from conveyor.core import topics
+from conveyor.core import delivery_policy, topics
 from conveyor.protocols.sns import confirmation, topic_actions
 from conveyor.protocols.sns.context import Context
 from conveyor.protocols.sns.errors import NO_SUBSCRIPTION, SnsError, invalid, not_found
-from conveyor.protocols.sns.topic_attributes import EFFECTIVE_DELIVERY_POLICY
 
 PROTOCOLS = ("sqs", "http", "https")
 _SQS_ARN = re.compile(r"^arn:aws[a-z-]*:sqs:[a-z0-9-]{1,32}:\d{12}:[A-Za-z0-9_.-]{1,80}$")
@@ -95,6 +95,11 @@ def _changes(given: dict[str, str], *, one: bool = False, fifo_subscription: boo
             parsed = _check_json(name, value)
             if name == "RedrivePolicy":
                 _check_redrive(parsed, fifo_subscription)
+            elif name == "DeliveryPolicy":
+                try:
+                    delivery_policy.subscription(value)
+                except delivery_policy.Invalid as exc:
+                    raise _attribute_error(name, str(exc)) from None
         if name == "RawMessageDelivery":
             changes["raw_delivery"] = _bool(name, value)
         elif name == "FilterPolicy":
@@ -149,7 +154,9 @@ def summary(ctx: Context, s: types.Subscription) -> dict[str, str]:
             "Endpoint": endpoint_of(ctx, s), "TopicArn": ctx.topic_arn(s.pattern)}
 
 
-def attributes_of(ctx: Context, s: types.Subscription) -> dict[str, str]:
+def attributes_of(ctx: Context, s: types.Subscription, topic: types.Topic | None = None) -> dict[str, str]:
+    """GetSubscriptionAttributes; ``topic`` (None once deleted) gives an HTTP(S)
+    subscription's delivery-policy defaults."""
     out = {
         **summary(ctx, s),
         "SubscriptionArn": ctx.subscription_arn(s),
@@ -159,7 +166,9 @@ def attributes_of(ctx: Context, s: types.Subscription) -> dict[str, str]:
         "SubscriptionPrincipal": f"arn:aws:iam::{ctx.account_id}:root",
     }
     if s.protocol in ("http", "https"):
-        out["EffectiveDeliveryPolicy"] = EFFECTIVE_DELIVERY_POLICY
+        out["EffectiveDeliveryPolicy"] = delivery_policy.effective(
+            str((topic.attributes or {}).get("DeliveryPolicy") or "") if topic else None,
+            str((s.attributes or {}).get("DeliveryPolicy") or "")).subscription_json()
     if s.filter_policy is not None:
         out["FilterPolicy"] = filter_policy_text(s)
         out["FilterPolicyScope"] = s.filter_policy_scope
@@ -392,7 +401,11 @@ async def list_subscriptions_by_topic(ctx: Context, p: dict[str, Any]) -> dict[s
 async def get_subscription_attributes(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     async with ctx.broker.connection() as conn:
         found = await _subscription(ctx, conn, p.get("SubscriptionArn"))
-    return {"Attributes": attributes_of(ctx, found)}
+        topic = None
+        if found.protocol in ("http", "https"):
+            with contextlib.suppress(errors.TopicNotFound):
+                topic = await topics.get(conn, found.pattern)
+    return {"Attributes": attributes_of(ctx, found, topic)}
 
 
 async def set_subscription_attributes(ctx: Context, p: dict[str, Any]) -> None:

@@ -3,9 +3,10 @@ GetTopicAttributes answers (the computed ones — TopicArn, Owner, Policy, count
 EffectiveDeliveryPolicy — plus those stored with the topic).
 
 Stored attributes keep SNS's names and string values. Conveyor keeps and returns the
-policies and the delivery-status settings but does not act on them: access is governed by
-the server's authentication settings, and webhook retries follow Conveyor's own schedule
-(the first try, then 10 s, 30 s, 60 s and 300 s later), which EffectiveDeliveryPolicy states.
+access policies and the delivery-status settings but does not act on them: access is
+governed by the server's authentication settings. The DeliveryPolicy is checked as SNS
+checks it and applied to the topic's HTTP(S) deliveries (``core.delivery_policy``);
+EffectiveDeliveryPolicy states it with SNS's defaults filled in.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from collections.abc import Mapping
 
 from conveyor import json_input, types
+from conveyor.core import delivery_policy
 from conveyor.protocols.sns.context import Context
 from conveyor.protocols.sns.errors import invalid
 
@@ -34,19 +36,6 @@ _CHOICES = {
 }
 MAX_DISPLAY_NAME = 100
 
-# what the delivery policy of an HTTP(S) subscription amounts to in Conveyor
-EFFECTIVE_DELIVERY_POLICY = json.dumps({
-    "http": {
-        "defaultHealthyRetryPolicy": {
-            "minDelayTarget": 10, "maxDelayTarget": 300, "numRetries": 4, "numMaxDelayRetries": 1,
-            "numNoDelayRetries": 0, "numMinDelayRetries": 1, "backoffFunction": "exponential",
-        },
-        "disableSubscriptionOverrides": False,
-        "defaultRequestPolicy": {"headerContentType": "text/plain; charset=UTF-8"},
-    },
-}, separators=(",", ":"))
-
-
 def check(name: str, value: str, *, fifo: bool, creating: bool) -> None:
     """One attribute a client wants to set, checked as SNS checks it."""
     if name not in SETTABLE and not (creating and name in CREATE_ONLY):
@@ -65,6 +54,11 @@ def check(name: str, value: str, *, fifo: bool, creating: bool) -> None:
             raise invalid(name, "failed to parse JSON") from None
         if not isinstance(parsed, dict):
             raise invalid(name, "must be a JSON object")
+        if name == "DeliveryPolicy":
+            try:
+                delivery_policy.topic(value)
+            except delivery_policy.Invalid as exc:
+                raise invalid(name, str(exc)) from None
     if name == "DisplayName" and len(value) > MAX_DISPLAY_NAME:
         raise invalid("Attributes", "DisplayName")
 
@@ -116,7 +110,7 @@ def render(ctx: Context, topic: types.Topic, pending: int = 0) -> dict[str, str]
         "SubscriptionsConfirmed": str(topic.subscriptions - pending),
         "SubscriptionsPending": str(pending),
         "SubscriptionsDeleted": "0",
-        "EffectiveDeliveryPolicy": EFFECTIVE_DELIVERY_POLICY,
+        "EffectiveDeliveryPolicy": delivery_policy.effective(stored.get("DeliveryPolicy"), None).topic_json(),
     }  # SignatureVersion only when set, as SNS answers (unset, envelopes are signed with version 1)
     if topic.fifo:
         out["FifoTopic"] = "true"

@@ -58,7 +58,14 @@ SELECT * FROM conveyor.delivery_claim(%(limit)s::integer, %(lease_seconds)s::int
 SELECT conveyor.delivery_succeeded(%(ids)s::bigint[])
 
 -- name: delivery_failed
-SELECT * FROM conveyor.delivery_failed(%(id)s::bigint, %(error)s::text)
+SELECT * FROM conveyor.delivery_failed(%(id)s::bigint, %(error)s::text, %(retry_in)s::double precision,
+                                       %(attempts)s::integer)
+
+-- name: delivery_defer
+SELECT conveyor.delivery_defer(%(ids)s::bigint[], %(seconds)s::double precision)
+
+-- name: delivery_policies
+SELECT * FROM conveyor.delivery_policies(%(subscription_ids)s::bigint[], %(topics)s::text[])
 
 -- name: delivery_hold
 SELECT * FROM conveyor.delivery_hold(%(id)s::bigint, %(reason)s::text)
