@@ -130,6 +130,26 @@ def test_the_delivery_policy_decides_retries_delays_and_content_type(module_dsn,
     assert [r.headers["content-type"] for r in received] == ["application/json"] * 2
 
 
+def test_an_exhausted_http_delivery_goes_to_the_subscriptions_dead_letter_queue(module_dsn, sns, sqs, make_topic,
+                                                                              make_queue, endpoint):
+    """SNS dead-letters an HTTP(S) delivery whose policy is used up when the subscription
+    has a RedrivePolicy: the envelope arrives in that queue and the outbox row goes."""
+    topic = make_topic()
+    dlq_url, dlq_arn = make_queue()
+    sub = subscribe_http(sns, topic, endpoint)
+    sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName="DeliveryPolicy",
+                                    AttributeValue='{"healthyRetryPolicy": {"numRetries": 0}}')
+    sns.set_subscription_attributes(SubscriptionArn=sub, AttributeName="RedrivePolicy",
+                                    AttributeValue=json.dumps({"deadLetterTargetArn": dlq_arn}))
+    endpoint.statuses = [500]
+    message_id = sns.publish(TopicArn=topic, Message="nobody home")["MessageId"]
+    endpoint.wait_for(1)
+    wait_until(lambda: outbox(module_dsn, endpoint.url) == [])
+    [dead] = sqs.receive_message(QueueUrl=dlq_url, WaitTimeSeconds=2)["Messages"]
+    envelope = json.loads(dead["Body"])
+    assert envelope["MessageId"] == message_id and envelope["Message"] == "nobody home"
+
+
 def test_a_delivery_policy_sns_refuses_is_invalid_parameter(sns, make_topic, endpoint):
     topic = make_topic()
     sub = subscribe_http(sns, topic, endpoint)

@@ -313,13 +313,14 @@ async def delivery_succeeded(conn: Connection, ids: Sequence[int]) -> int:
 
 
 async def delivery_failed(conn: Connection, delivery_id: int, error: str, retry_in: float,
-                          attempts: int) -> types.Delivery:
+                          attempts: int, region: str | None = None) -> types.Delivery:
     """An attempt failed: count it and schedule the next one ``retry_in`` seconds later, out
     of ``attempts`` in all (its delivery policy's, ``core.delivery_policy``); a row that used
-    its last attempt stays (``state`` 'exhausted') with the error. Raises
-    errors.DeliveryNotFound if the row is gone."""
+    its last attempt is answered ``state`` 'exhausted': it goes to its subscription's
+    dead-letter queue (RedrivePolicy; queue names as in ``region``) if that queue exists,
+    else it stays with the error. Raises errors.DeliveryNotFound if the row is gone."""
     return await db.fetch_row(conn, "delivery_failed", {"id": delivery_id, "error": error, "retry_in": retry_in,
-                                                        "attempts": attempts}, row=types.Delivery)
+                                                        "attempts": attempts, "region": region}, row=types.Delivery)
 
 
 async def delivery_defer(conn: Connection, ids: Sequence[int], seconds: float) -> int:

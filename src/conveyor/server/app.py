@@ -186,7 +186,8 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
                                                 settings.stream_vacuum_interval),
                               webhook_config=webhooks.config_from(
                                   settings.webhook_allow, timeout=settings.webhook_timeout,
-                                  batch=settings.webhook_batch, poll=settings.webhook_poll),
+                                  batch=settings.webhook_batch, poll=settings.webhook_poll,
+                                  region=settings.region),
                               scheduler_config=scheduler.config_from(settings, broker.topic_urls(), broker.signer),
                               history_config=(settings.history_interval, settings.history_retention))
         try:

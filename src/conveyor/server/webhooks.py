@@ -10,7 +10,8 @@ releases the database connection, POSTs them concurrently, then records the outc
   reset connection, a failed DNS lookup — counts an attempt (``delivery_failed``): the next
   one follows the subscription's delivery policy (``core.delivery_policy``: its own
   DeliveryPolicy over its topic's, SNS's defaults otherwise: three retries 20 s apart), and
-  the row stays with its last error once the attempts are used up ("exhausted");
+  once the attempts are used up the message goes to the subscription's dead-letter queue
+  (RedrivePolicy) if that queue exists, else the row stays with its last error ("exhausted");
 * rows over their subscription's ``maxReceivesPerSecond`` are not attempted this round:
   deferred (``delivery_defer``) without counting an attempt. The throttle is counted per
   server process: N processes deliver at most N times the rate;
@@ -62,6 +63,7 @@ class Config:
     batch: int = 50
     poll: float = 1.0
     tls: ssl.SSLContext | None = None  # None: verify HTTPS endpoints against the system's CAs
+    region: str | None = None  # the server's region: how dead-letter queues' ARNs map to names
 
     @property
     def lease_seconds(self) -> int:
@@ -185,7 +187,8 @@ def _describe(exc: BaseException) -> str:
 
 
 async def record(database: Database, metrics: Metrics, claimed: list[types.Delivery],
-                 outcomes: list[Outcome], policies: Mapping[int, delivery_policy.Effective]) -> None:
+                 outcomes: list[Outcome], policies: Mapping[int, delivery_policy.Effective],
+                 region: str | None = None) -> None:
     """Store what happened to each claimed delivery."""
     async with database.connection() as conn:
         done = [d.id for d, o in zip(claimed, outcomes, strict=True) if o.ok]
@@ -203,7 +206,7 @@ async def record(database: Database, metrics: Metrics, claimed: list[types.Deliv
                 made = delivery.attempt + 1  # attempts made, this one included
                 after = await topics.delivery_failed(conn, delivery.id, outcome.error or "failed",
                                                      retry.delay(made) if made < retry.attempts else 0.0,
-                                                     retry.attempts)
+                                                     retry.attempts, region)
             except errors.DeliveryNotFound:
                 continue  # unsubscribed meanwhile: the row went with its subscription
             if after.state == "exhausted":
@@ -230,7 +233,7 @@ async def step(database: Database, metrics: Metrics, http: aiohttp.ClientSession
     with tracing.job_span("webhooks.deliver"):
         outcomes = await asyncio.gather(*(attempt(http, config, d, links, policies[d.id].content_type)
                                           for d in now))
-        await record(database, metrics, now, list(outcomes), policies)
+        await record(database, metrics, now, list(outcomes), policies, config.region)
     return len(claimed)
 
 
@@ -265,5 +268,5 @@ async def run(database: Database, metrics: Metrics, config: Config) -> None:
                 await asyncio.sleep(config.poll)
 
 
-def config_from(allow: Iterable[str], *, timeout: float, batch: int, poll: float) -> Config:
-    return Config(allowlist=egress.Allowlist.parse(allow), timeout=timeout, batch=batch, poll=poll)
+def config_from(allow: Iterable[str], *, timeout: float, batch: int, poll: float, region: str | None = None) -> Config:
+    return Config(allowlist=egress.Allowlist.parse(allow), timeout=timeout, batch=batch, poll=poll, region=region)

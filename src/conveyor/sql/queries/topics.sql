@@ -59,7 +59,7 @@ SELECT conveyor.delivery_succeeded(%(ids)s::bigint[])
 
 -- name: delivery_failed
 SELECT * FROM conveyor.delivery_failed(%(id)s::bigint, %(error)s::text, %(retry_in)s::double precision,
-                                       %(attempts)s::integer)
+                                       %(attempts)s::integer, %(region)s::text)
 
 -- name: delivery_defer
 SELECT conveyor.delivery_defer(%(ids)s::bigint[], %(seconds)s::double precision)
