@@ -35,7 +35,7 @@ async def stop(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def eventually(check: Callable[[], Awaitable[object]], what: str, timeout: float = 5.0) -> object:
+async def eventually(check: Callable[[], Awaitable[object]], what: str, timeout: float = 20.0) -> object:
     deadline = time.monotonic() + timeout
     while not (result := await check()):
         if time.monotonic() > deadline:
