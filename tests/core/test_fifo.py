@@ -107,3 +107,44 @@ async def test_a_duplicate_returns_the_first_messages_uuid(conn):
     await messages.delete(conn, "q.fifo", [first.id])
     [again] = await messages.send_batch(conn, "q.fifo", [fifo("z", "g", "d")])
     assert again == first  # still within the window, even once the original is gone
+
+
+async def test_a_receive_returns_its_groups_one_after_the_other(conn):
+    await queues.create(conn, "q.fifo")
+    await messages.send_batch(conn, "q.fifo", [fifo("a1", "a"), fifo("b1", "b"), fifo("a2", "a"), fifo("b2", "b")])
+    assert [m.body for m in await messages.receive(conn, "q.fifo", qty=10)] == ["a1", "a2", "b1", "b2"]
+
+
+async def test_a_group_opens_again_up_to_its_next_message_in_flight(conn):
+    await queues.create(conn, "q.fifo")
+    await messages.send_batch(conn, "q.fifo", [fifo("a1", "a"), fifo("a2", "a"), fifo("a3", "a")])
+    a1, a2, _ = await messages.receive(conn, "q.fifo", qty=3, vt=60)
+    await messages.set_vt(conn, "q.fifo", [a1.id, a2.id], 0, receive_counts=[1, 1])  # a3 stays in flight
+    assert [m.body for m in await messages.receive(conn, "q.fifo", qty=10, vt=60)] == ["a1", "a2"]
+
+
+async def test_deduplication_per_group(conn):
+    await queues.create(conn, "q.fifo", {"extra_attributes": {"dedup_scope": "group"}})
+    first = await messages.send(conn, "q.fifo", fifo("x", "g1", "d"))
+    assert await messages.send(conn, "q.fifo", fifo("x again", "g1", "d")) == first
+    other = await messages.send(conn, "q.fifo", fifo("y", "g2", "d"))
+    assert other != first
+    await queues.alter(conn, "q.fifo", {"extra_attributes": {"dedup_scope": "queue"}})
+    assert await messages.send(conn, "q.fifo", fifo("z", "g3", "e")) == await messages.send(
+        conn, "q.fifo", fifo("z again", "g4", "e"))
+
+
+async def test_purge_clears_the_deduplication_window(conn):
+    await queues.create(conn, "q.fifo")
+    first = await messages.send(conn, "q.fifo", fifo("a", "g", "d"))
+    await queues.purge(conn, "q.fifo")
+    assert await messages.send(conn, "q.fifo", fifo("b", "g", "d")) != first
+
+
+async def test_delete_in_flight_refuses_deliveries_that_are_over(conn):
+    await queues.create(conn, "q.fifo")
+    await messages.send_batch(conn, "q.fifo", [fifo("a", "g"), fifo("b", "h")])
+    a, b = await messages.receive(conn, "q.fifo", qty=2, vt=60)
+    await messages.set_vt(conn, "q.fifo", [a.id], 0)  # visible again
+    assert await messages.delete_in_flight(conn, "q.fifo", [a.id, b.id], [1, 1]) == ([b.id], [a.id])
+    assert await messages.delete_in_flight(conn, "q.fifo", [b.id], [1]) == ([], [])  # gone: no error

@@ -146,8 +146,9 @@ def test_fifo_read_of_a_standard_queue_goes_by_group(http, q):
                                           {"message": "n2"}])
     assert r.status_code == 201, r.text
     first = http.get(f"{q}/messages", params={"fifo": "true", "max": 10}).json()
-    # every group's messages in order, and no group split between two consumers
-    assert [m["message"] for m in first] == ["a1", "b1", "a2", "n1", "n2"]
+    # every group's messages together and in order (the oldest group first), and no group
+    # split between two consumers
+    assert [m["message"] for m in first] == ["a1", "a2", "b1", "n1", "n2"]
     assert http.get(f"{q}/messages", params={"fifo": "true", "max": 10}).json() == []
     # the other groups back (visible again) while "a" stays in flight: "a" stays blocked
     for m in first:

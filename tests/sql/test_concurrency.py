@@ -94,3 +94,18 @@ async def test_receive_does_not_block_on_rows_locked_by_another_transaction(dsn,
         got = await asyncio.wait_for(messages.receive(conn, "jobs", qty=2), 5)
         assert [m.id for m in got] == [b]
         await holder.rollback()
+
+
+async def test_fifo_receive_stops_at_a_message_another_transaction_holds(dsn, conn):
+    """A delete or a change of visibility under way on a message of a group: what it leaves
+    is not known yet, so a receive takes the group's messages before it only (and waits
+    for nothing)."""
+    await queues.create(conn, "q.fifo")
+    ids = [s.id for s in await messages.send_batch(conn, "q.fifo", [
+        M(f"m{i}", group_id="g", dedup_id=str(i)) for i in range(3)])]
+    async with pool.connect(dsn, autocommit=False) as holder:
+        await holder.execute("SELECT 1 FROM conveyor.messages WHERE id = %s FOR UPDATE", (ids[1],))
+        got = await asyncio.wait_for(messages.receive(conn, "q.fifo", qty=3, vt=0), 5)
+        assert [m.body for m in got] == ["m0"]
+        await holder.rollback()
+    assert [m.body for m in await messages.receive(conn, "q.fifo", qty=3)] == ["m0", "m1", "m2"]

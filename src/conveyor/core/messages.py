@@ -35,28 +35,27 @@ async def send_batch(conn: Connection, queue: str, messages: Sequence[types.Outg
 
 async def receive(conn: Connection, queue: str, qty: int = 1, vt: int | None = None,
                   wait: int = 0) -> list[types.Message]:
-    """Claim up to ``qty`` visible messages. ``wait`` > 0 polls inside the database; the
-    server never does that (see ``conveyor.server.waiters``)."""
-    rows = await db.fetch_all(conn, "message_receive",
+    """Claim up to ``qty`` visible messages, in the order the SQL API returns them (by id;
+    a FIFO queue's group by group, each group in order, as SQS answers). ``wait`` > 0 polls
+    inside the database; the server never does that (see ``conveyor.server.waiters``)."""
+    return await db.fetch_all(conn, "message_receive",
                               {"queue": queue, "vt": vt, "qty": qty, "wait": wait}, row=types.Message)
-    return sorted(rows, key=lambda m: m.id)
 
 
 async def receive_grouped(conn: Connection, queue: str, qty: int = 1, vt: int | None = None) -> list[types.Message]:
     """Claim up to ``qty`` messages in group order, from groups with nothing in flight, on
-    a queue of either kind (on a standard queue, by the group ids its messages carry)."""
-    rows = await db.fetch_all(conn, "message_receive_fifo", {"queue": queue, "vt": vt, "qty": qty},
+    a queue of either kind (on a standard queue, by the group ids its messages carry); they
+    come group by group, each group's in order."""
+    return await db.fetch_all(conn, "message_receive_fifo", {"queue": queue, "vt": vt, "qty": qty},
                               row=types.Message)
-    return sorted(rows, key=lambda m: m.id)
 
 
 async def receive_attempt(conn: Connection, queue: str, attempt_id: str, qty: int = 1,
                           vt: int | None = None) -> list[types.Message]:
     """A FIFO receive that a retry with the same ``attempt_id`` repeats (for five minutes,
     while none of its messages changed)."""
-    rows = await db.fetch_all(conn, "message_receive_attempt",
+    return await db.fetch_all(conn, "message_receive_attempt",
                               {"queue": queue, "attempt_id": attempt_id, "vt": vt, "qty": qty}, row=types.Message)
-    return sorted(rows, key=lambda m: m.id)
 
 
 async def pop(conn: Connection, queue: str, qty: int = 1) -> list[types.Message]:
@@ -84,6 +83,16 @@ async def delete(conn: Connection, queue: str, ids: Sequence[int],
     received again since cannot delete it from under the newer one."""
     return sorted(await db.fetch_column(conn, "message_delete", {
         "queue": queue, "ids": list(ids), "receive_counts": _counts(ids, receive_counts)}))
+
+
+async def delete_in_flight(conn: Connection, queue: str, ids: Sequence[int],
+                           receive_counts: Sequence[int | None]) -> tuple[list[int], list[int]]:
+    """Delete the messages still at the given deliveries and still in flight (SQS's
+    DeleteMessage on a FIFO queue). Returns the ids deleted, and those of messages still
+    there whose delivery is over (visible again, or received again since)."""
+    rows = await db.fetch_all(conn, "message_delete_in_flight", {
+        "queue": queue, "ids": list(ids), "receive_counts": _counts(ids, receive_counts)})
+    return sorted(i for i, deleted in rows if deleted), sorted(i for i, deleted in rows if not deleted)
 
 
 async def archive(conn: Connection, queue: str, ids: Sequence[int],

@@ -35,6 +35,11 @@ class Queues(Protocol):
     # (None: whichever delivery is current). Each returns what it acted on.
     async def delete(self, queue: str, deliveries: Sequence[types.MessageRef]) -> list[int]: ...
 
+    async def delete_in_flight(self, queue: str,
+                               deliveries: Sequence[types.MessageRef]) -> tuple[list[int], list[int]]:
+        """Delete the deliveries still in flight: the ids deleted, and those whose delivery
+        is over (the message visible again, or received again since)."""
+
     async def archive(self, queue: str, deliveries: Sequence[types.MessageRef]) -> list[int]: ...
 
     async def fail(self, queue: str, delivery: types.MessageRef, reason: str | None) -> bool: ...

@@ -47,6 +47,7 @@ class ServerBroker:
         self.send = self.queues.send
         self.receive = self.queues.receive
         self.delete = self.queues.delete
+        self.delete_in_flight = self.queues.delete_in_flight
         self.archive = self.queues.archive
         self.fail = self.queues.fail
         self.set_vt = self.queues.set_vt

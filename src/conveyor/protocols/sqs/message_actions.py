@@ -278,24 +278,46 @@ async def _existing_queue(ctx: Context, p: dict[str, Any]) -> str:
     return queue
 
 
+def _expired(handle: str) -> SqsError:
+    """A FIFO queue's handle whose visibility ran out (the message is visible again, or was
+    received again since): AWS refuses the delete."""
+    return invalid_value("ReceiptHandle", handle, "The receipt handle has expired")
+
+
+async def _delete(ctx: Context, queue: str, deliveries: list[types.MessageRef]) -> set[int]:
+    """Delete deliveries; the ids of those refused. On a standard queue a handle of a
+    delivery that is over deletes nothing (the newer one may) and succeeds; on a FIFO queue
+    a handle acts only while its visibility lasts, and one that ran out is refused, as AWS
+    refuses it (a message deleted since is no error on either)."""
+    if not (await ctx.broker.queue(queue)).fifo:
+        await ctx.broker.delete(queue, deliveries)
+        return set()
+    _, over = await ctx.broker.delete_in_flight(queue, deliveries)
+    return set(over)
+
+
 async def delete_message(ctx: Context, p: dict[str, Any]) -> None:
     queue = await _existing_queue(ctx, p)
-    # a handle of a delivery that is over deletes nothing (the newer one may) and succeeds
-    await ctx.broker.delete(queue, [receipts.decode(ctx.broker, p.get("ReceiptHandle"), queue)])
+    if await _delete(ctx, queue, [receipts.decode(ctx.broker, p.get("ReceiptHandle"), queue)]):
+        raise _expired(p["ReceiptHandle"])
 
 
 async def delete_message_batch(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     queue = await _existing_queue(ctx, p)
     entries = _check_entries(p.get("Entries"), "DeleteMessageBatchRequestEntry")
-    deliveries, successful, failed = [], [], []
+    decoded, failed = [], []
     for entry in entries:
         try:
-            deliveries.append(receipts.decode(ctx.broker, entry.get("ReceiptHandle"), queue))
-            successful.append({"Id": entry["Id"]})
+            decoded.append((entry, receipts.decode(ctx.broker, entry.get("ReceiptHandle"), queue)))
         except SqsError as exc:
             failed.append(_failure(entry["Id"], exc))
-    if deliveries:
-        await ctx.broker.delete(queue, deliveries)
+    refused = await _delete(ctx, queue, [d for _, d in decoded]) if decoded else set()
+    successful = []
+    for entry, delivery in decoded:
+        if delivery.id in refused:
+            failed.append(_failure(entry["Id"], _expired(entry["ReceiptHandle"])))
+        else:
+            successful.append({"Id": entry["Id"]})
     return {"Successful": successful, "Failed": failed}
 
 

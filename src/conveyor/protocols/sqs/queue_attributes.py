@@ -2,8 +2,10 @@
 
 Attributes Conveyor acts on map to its own (VisibilityTimeout -> visibility_timeout,
 RedrivePolicy -> dead_letter_queue + max_receive_count ...). Attributes it keeps without
-acting on them (Policy, KMS settings, FIFO throughput settings) are stored verbatim in
-the queue's ``extra_attributes`` and returned as given.
+acting on them (Policy, KMS settings, FifoThroughputLimit) are stored verbatim in the
+queue's ``extra_attributes`` and returned as given; so are the SSE settings and
+DeduplicationScope, beside the engine's own keys they set there (``encrypted``,
+``dedup_scope``: "group" deduplicates per message group, migration 0024).
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def to_conveyor(ctx: Context, attributes: dict[str, str] | None, *, fifo: bool, 
             out.update(_redrive(ctx, value, queue))
         else:
             extra[name] = _kept(name, value)
+    if "DeduplicationScope" in extra:  # the engine's own key, as for encryption below
+        extra["dedup_scope"] = "group" if extra["DeduplicationScope"] == "messageGroup" else "queue"
     encrypted = _encrypted(extra) if ctx.broker.can_encrypt() else None
     if encrypted is not None:
         extra["encrypted"] = encrypted

@@ -217,6 +217,17 @@ class QueueBroker(Base):
             answers.append(mine)
         return answers
 
+    async def delete_in_flight(self, queue: str,
+                               deliveries: Sequence[types.MessageRef]) -> tuple[list[int], list[int]]:
+        """Delete deliveries still in flight (SQS FIFO queues: a handle acts only while its
+        visibility lasts); the ids deleted, and those whose delivery is over. Never fused:
+        FIFO receives are not either."""
+        async with self.database.connection() as conn:
+            deleted, over = await self._timed(self.metrics.delete_duration, queue, messages.delete_in_flight(
+                conn, queue, [d.id for d in deliveries], [d.receive_count for d in deliveries]))
+        self.metrics.series(self.metrics.deleted, queue).inc(len(deleted))
+        return deleted, over
+
     async def archive(self, queue: str, deliveries: Sequence[types.MessageRef]) -> list[int]:
         async with self.database.connection() as conn:
             done = await self._timed(self.metrics.delete_duration, queue, messages.archive(

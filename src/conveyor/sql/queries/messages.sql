@@ -26,6 +26,10 @@ SELECT * FROM conveyor.message_peek(%(queue)s::text, %(qty)s::integer, %(after_i
 -- name: message_delete
 SELECT conveyor.message_delete(%(queue)s::text, %(ids)s::bigint[], %(receive_counts)s::integer[])
 
+-- name: message_delete_in_flight
+SELECT id, deleted FROM conveyor.message_delete_in_flight(%(queue)s::text, %(ids)s::bigint[],
+                                                          %(receive_counts)s::integer[])
+
 -- name: message_archive
 SELECT conveyor.message_archive(%(queue)s::text, %(ids)s::bigint[], %(receive_counts)s::integer[])
 
