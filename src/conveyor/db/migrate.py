@@ -1,28 +1,37 @@
-"""Versioned migrations: numbered ``.sql`` files applied once each, in order.
+"""The schema: numbered migrations applied once each, in order, then the functions files.
 
 ``migrate`` is idempotent and safe to run from several processes at once (an advisory
-lock serialises them); it only ever adds. ``bundle`` concatenates every migration into
-one file that installs the schema from ``psql`` alone, recording the versions so that a
-later ``conveyor db migrate`` knows where it stands.
+lock serialises them). ``bundle`` concatenates everything into one file that installs the
+schema from ``psql`` alone, recording what it applied so that a later ``conveyor db
+migrate`` knows where it stands.
 
-Migrations are append-only once released: a changed function goes in a new migration.
-Numbers increase but may leave gaps (work developed in parallel takes numbers ahead of
-time and lands in any order); a database is migrated in number order only, so one that
-already has a migration numbered above a missing one is refused rather than given the
-missing one late (``errors.SchemaMismatch``: the later one may redefine what it defines).
+Numbered migrations (``sql/migrations/NNNN_*.sql``) hold tables, types, indexes, data and
+drops, and are append-only once landed. Numbers increase but may leave gaps (work
+developed in parallel takes numbers ahead of time and lands in any order); a database is
+migrated in number order only, so one that already has a migration numbered above a
+missing one is refused rather than given the missing one late (``errors.SchemaMismatch``).
 Each applied migration's SHA-256 is recorded, and ``migrate`` and ``verify`` refuse a
 database whose recorded migration differs from this build's file of the same number
 (``errors.SchemaMismatch``): it was migrated by a build whose migration said something
-else, so its functions are not the ones this code expects. Rows recorded before
-checksums existed get this build's checksum the first time (nothing to compare them with).
+else. Rows recorded before checksums existed get this build's checksum the first time.
+
+Functions files (``sql/functions/NN_<concept>.sql``) hold every function and view as it
+stands, as ``CREATE OR REPLACE`` statements: after the migrations, all of them are applied
+again, in order, whenever any differs from the checksums recorded in
+``conveyor.schema_functions`` (repeatable, as Flyway's repeatable migrations). ``verify``
+refuses a database whose recorded functions differ from this build's; ``migrate`` refuses
+to replace the functions of a database migrated by a newer build (one with a migration
+this build lacks). docs/architecture.md, "Where each SQL function's current definition
+lives", has the rules.
 
 Dialects (``DIALECTS``: pgmq, PgQue and PgQ's SQL interfaces over Conveyor's engine,
 docs/dialects.md) are optional: each has its own numbered migrations in
 ``sql/dialects/<dialect>/``, recorded in ``conveyor.dialect_migrations`` with checksums
-under the same rules. A dialect is installed when asked for (``migrate(dialects=...)``,
-``conveyor db migrate --dialects``, ``CONVEYOR_DIALECTS``) and from then on upgraded by
-every ``migrate``. Installing one is refused while the real extension (or a schema of
-that name that Conveyor did not create) is in the database.
+under the same rules, and its functions files in ``sql/dialects/<dialect>/functions/``.
+A dialect is installed when asked for (``migrate(dialects=...)``, ``conveyor db migrate
+--dialects``, ``CONVEYOR_DIALECTS``) and from then on upgraded by every ``migrate``.
+Installing one is refused while the real extension (or a schema of that name that
+Conveyor did not create) is in the database.
 """
 
 from __future__ import annotations
