@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from importlib.resources.abc import Traversable
+from typing import Any
 
 from conveyor import errors, settings
 from conveyor.db import execute
@@ -220,27 +221,30 @@ async def _check(conn: execute.Connection, applied: dict[int, _Applied], *, acce
                            (m.checksum, m.version))
 
 
-async def _dialects_applied(conn: execute.Connection) -> dict[str, dict[int, _Applied]]:
-    cur = await conn.execute("SELECT to_regclass('conveyor.dialect_migrations') IS NOT NULL")
+async def _bookkeeping(conn: execute.Connection, table: str, query: str) -> list[Any]:
+    """The rows of one of the bookkeeping tables, none before it exists."""
+    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
     row = await cur.fetchone()
     if not row or not row[0]:
-        return {}
-    cur = await conn.execute("SELECT dialect, version, applied_at, checksum FROM conveyor.dialect_migrations")
+        return []
+    cur = await conn.execute(query)
+    return await cur.fetchall()
+
+
+async def _dialects_applied(conn: execute.Connection) -> dict[str, dict[int, _Applied]]:
     found: dict[str, dict[int, _Applied]] = {}
-    for dialect, version, at, digest in await cur.fetchall():
+    for dialect, version, at, digest in await _bookkeeping(
+            conn, "conveyor.dialect_migrations",
+            "SELECT dialect, version, applied_at, checksum FROM conveyor.dialect_migrations"):
         found.setdefault(dialect, {})[version] = _Applied(at, digest)
     return found
 
 
 async def _functions_recorded(conn: execute.Connection) -> dict[str, dict[str, str]]:
     """scope ('conveyor' or a dialect) -> {file stem: checksum} as the database records them."""
-    cur = await conn.execute("SELECT to_regclass('conveyor.schema_functions') IS NOT NULL")
-    row = await cur.fetchone()
-    if not row or not row[0]:
-        return {}
-    cur = await conn.execute("SELECT scope, name, checksum FROM conveyor.schema_functions")
     found: dict[str, dict[str, str]] = {}
-    for scope, name, digest in await cur.fetchall():
+    for scope, name, digest in await _bookkeeping(conn, "conveyor.schema_functions",
+                                                  "SELECT scope, name, checksum FROM conveyor.schema_functions"):
         found.setdefault(scope, {})[name] = digest
     return found
 
