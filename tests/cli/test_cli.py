@@ -45,6 +45,9 @@ def test_help_on_every_command_and_group():
 def test_db_sql_prints_the_install_script_without_a_database():
     script = ok(run(NOWHERE, "db", "sql"))
     assert "CREATE SCHEMA" in script and script.rstrip().endswith("COMMIT;")
+    # the migrations, then the functions as they stand (installed with psql by
+    # tests/db/test_schema_equivalence.py)
+    assert script.index("-- migration 0001_queues") < script.index("-- functions file functions/05_common")
 
 
 def test_db_migrate_twice_then_up_to_date(empty_dsn):

@@ -25,7 +25,7 @@ async def test_migrate_twice_keeps_queues_and_messages(dsn, conn):
 async def test_migrate_on_empty_database_applies_everything(empty_dsn):
     async with pool.connect(empty_dsn) as conn:
         applied = await migrate.migrate(conn)
-        assert [m.version for m in applied] == [m.version for m in migrate.migrations()]
+        assert [m.label for m in applied] == [m.label for m in migrate.migrations() + migrate.functions()]
         assert all(s.applied_at for s in await migrate.status(conn))
         assert await migrate.migrate(conn) == []
 
@@ -62,7 +62,7 @@ async def test_concurrent_migrations_serialise(empty_dsn):
             return len(await migrate.migrate(conn))
 
     results = await asyncio.gather(*(run() for _ in range(4)))
-    assert sorted(results) == [0, 0, 0, len(migrate.migrations())]
+    assert sorted(results) == [0, 0, 0, len(migrate.migrations()) + len(migrate.functions())]
 
 
 async def test_bundle_runs_again_safely_and_keeps_data(empty_dsn, tmp_path):
@@ -146,3 +146,72 @@ async def test_a_dialect_migration_missing_below_applied_ones_is_refused(empty_d
                            (first.version,))
         with pytest.raises(errors.SchemaMismatch, match="pgmq/0001_pgmq is not applied"):
             await migrate.migrate(conn)
+
+
+async def _function_text(conn, signature: str) -> str:
+    cur = await conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", (signature,))
+    return (await cur.fetchone())[0]
+
+
+async def _as_another_build(conn, signature: str = "conveyor._name_check(text)") -> migrate.Migration:
+    """The database as another build left it: one functions file recorded with other text,
+    and a function of it defined otherwise."""
+    body = await _function_text(conn, signature)
+    await conn.execute(body.replace("$function$\n", "$function$\n-- another build's\n", 1))
+    changed = migrate.functions()[0]
+    await conn.execute("UPDATE conveyor.schema_functions SET checksum = %s WHERE scope = 'conveyor' AND name = %s",
+                       ("0" * 64, changed.stem))
+    return changed
+
+
+async def test_functions_files_are_applied_again_when_they_differ(dsn, conn):
+    """Functions files are repeatable: `migrate` re-applies them whenever the database
+    records other text (an older build's functions); a server that does not migrate
+    refuses such a database, as it refuses a migration that differs."""
+    fresh = await _function_text(conn, "conveyor._name_check(text)")
+    changed = await _as_another_build(conn)
+    with pytest.raises(errors.SchemaMismatch) as info:
+        await migrate.verify(conn)
+    assert f"functions/{changed.stem}" in info.value.message and "conveyor db migrate" in info.value.message
+    applied = await migrate.migrate(conn)
+    assert [m.label for m in applied] == [f.label for f in migrate.functions()]
+    assert await _function_text(conn, "conveyor._name_check(text)") == fresh
+    await migrate.verify(conn)
+    assert await migrate.migrate(conn) == []
+    await conn.execute("DELETE FROM conveyor.schema_functions WHERE name = %s", (changed.stem,))
+    with pytest.raises(errors.SchemaMismatch):  # a file never applied differs too
+        await migrate.verify(conn)
+
+
+async def test_a_database_migrated_by_a_newer_build_keeps_its_functions(dsn, conn, tmp_path):
+    """A newer build's migration this build does not have: its functions are newer than
+    this build's, so neither `migrate` nor the psql script puts this build's back."""
+    await _as_another_build(conn)
+    newer = await _function_text(conn, "conveyor._name_check(text)")
+    last = migrate.migrations()[-1].version
+    await conn.execute("INSERT INTO conveyor.schema_migrations (version, name, checksum) VALUES (%s, 'later', %s)",
+                       (last + 1, "1" * 64))
+    with pytest.raises(errors.SchemaMismatch, match=f"{last + 1:04d} recorded in this database is not in this build"):
+        await migrate.migrate(conn)
+    script = tmp_path / "conveyor.sql"
+    script.write_text(migrate.bundle())
+    done = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(script), dsn],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "migrated by a newer build" in done.stderr
+    assert await _function_text(conn, "conveyor._name_check(text)") == newer
+
+
+def test_a_server_that_does_not_migrate_refuses_other_functions(dsn):
+    import asyncio
+
+    from support.server import ServerProcess
+
+    async def other() -> None:
+        async with pool.connect(dsn) as conn:
+            await _as_another_build(conn)
+
+    asyncio.run(other())
+    server = ServerProcess(dsn, env={"CONVEYOR_MIGRATE": "false"})
+    with pytest.raises(RuntimeError) as info:
+        server.start(timeout=20)
+    assert "the functions in this database are not this build's" in str(info.value)

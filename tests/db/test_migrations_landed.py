@@ -8,6 +8,8 @@ and add its checksum here once it has landed.
 
 from __future__ import annotations
 
+import re
+
 from conveyor.db import migrate
 
 LANDED = {
@@ -48,3 +50,95 @@ def test_landed_migrations_are_unchanged():
     found.update({m.label: m.checksum for d in migrate.DIALECTS for m in migrate.migrations(d)})
     changed = {label for label, checksum in {**LANDED, **LANDED_DIALECTS}.items() if found.get(label) != checksum}
     assert not changed, f"landed migrations edited in place (add a new migration instead): {sorted(changed)}"
+
+
+# Functions that a table's definition uses (a generated column's expression, a default, a
+# check constraint, an index expression) are part of that table: the migration that makes
+# the table creates them, before the table (tests/db/test_schema_equivalence.py checks that
+# a table does depend on each).
+TABLE_FUNCTIONS = {"pgmq/0005_whole_api": {"pgmq._topic_regex"}}
+
+_CREATE = re.compile(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(FUNCTION|PROCEDURE|VIEW|TRIGGER)\s+([\w.\"]+)\s*(\(?)",
+                     re.IGNORECASE | re.MULTILINE)
+_TYPE_WORDS = {"double", "character", "timestamp", "time", "bit"}
+_ALIASES = {"int": "integer", "int4": "integer", "int8": "bigint", "bool": "boolean", "int2": "smallint",
+            "timestamp with time zone": "timestamptz", "varchar": "character varying"}
+
+
+def _code(sql: str) -> str:
+    """The statements of a SQL file without comments and without what is dollar-quoted
+    (function bodies, which may hold CREATE statements of their own)."""
+    sql = re.sub(r"(\$[A-Za-z_]*\$).*?\1", "$$", sql, flags=re.DOTALL)
+    return re.sub(r"--[^\n]*", "", sql)
+
+
+def _arguments(code: str, start: int) -> str:
+    depth, i = 1, start
+    while depth:
+        depth += {"(": 1, ")": -1}.get(code[i], 0)
+        i += 1
+    types = []
+    for arg in re.split(r",(?![^()]*\))", code[start:i - 1]):
+        words = re.split(r"\s+(?:DEFAULT|=)\s+|\s*=\s*", arg.strip(), flags=re.IGNORECASE)[0].split()
+        if words and words[0].lower() in ("in", "out", "inout", "variadic"):
+            if words[0].lower() == "out":
+                continue
+            words = words[1:]
+        if len(words) > 1 and words[0].lower() not in _TYPE_WORDS:
+            words = words[1:]
+        kind = " ".join(words).lower()
+        types.append(_ALIASES.get(kind, kind))
+    return ",".join(t for t in types if t)
+
+
+def _created(sql: str) -> list[tuple[str, str]]:
+    """(kind, name with argument types) of each CREATE FUNCTION, PROCEDURE, VIEW or TRIGGER."""
+    code = _code(sql)
+    found = []
+    for match in _CREATE.finditer(code):
+        kind, name = match[1].upper(), match[2].lower().replace('"', "")
+        if kind in ("FUNCTION", "PROCEDURE"):
+            name += f"({_arguments(code, match.end())})"
+        found.append((kind, name))
+    return found
+
+
+def _unlanded() -> list[migrate.Migration]:
+    landed = {**LANDED, **LANDED_DIALECTS}
+    every = migrate.migrations() + [m for d in migrate.DIALECTS for m in migrate.migrations(d)]
+    return [m for m in every if m.label not in landed]
+
+
+def test_migrations_after_the_landed_ones_define_no_functions():
+    """From 0019 (and each dialect's first unlanded migration) on, a function's or view's
+    definition lives in a functions file (sql/functions/, sql/dialects/<dialect>/functions/),
+    re-applied whenever it changes; numbered migrations hold tables, types, indexes, data
+    and DROPs (docs/architecture.md, "Where each SQL function's current definition lives")."""
+    misplaced = {}
+    for m in _unlanded():
+        allowed = TABLE_FUNCTIONS.get(m.label, set())
+        found = [f"{kind} {name}" for kind, name in _created(m.sql) if name.split("(")[0] not in allowed]
+        if found:
+            misplaced[m.label] = found
+    assert not misplaced, ("define these in the functions files instead (a changed signature: DROP FUNCTION in "
+                           f"the migration, the new definition in the file): {misplaced}")
+
+
+def test_each_function_is_defined_once_where_it_stands_now():
+    """Among the functions files and the migrations not landed yet, each function, view and
+    trigger is created once: the text a reader finds is the one the database runs."""
+    seen: dict[tuple[str, str], str] = {}
+    twice = []
+    for dialect in (None, *migrate.DIALECTS):
+        for f in migrate.functions(dialect):
+            for key in _created(f.sql):
+                if key in seen:
+                    twice.append(f"{key[0]} {key[1]}: {seen[key]} and {f.label}")
+                seen[key] = f.label
+    for m in _unlanded():
+        for key in _created(m.sql):
+            if key in seen:
+                twice.append(f"{key[0]} {key[1]}: {seen[key]} and {m.label}")
+            seen[key] = m.label
+    assert not twice, twice
+    assert ("FUNCTION", "conveyor._claim(conveyor.queues,integer,integer)") in seen

@@ -40,10 +40,11 @@ _DIALECTS_HELP = ("Also install these dialects, comma-separated: " + ", ".join(m
 @output.json_option
 @click.pass_obj
 def migrate(obj, dialects: str | None, accept_checksums: bool) -> None:  # noqa: ANN001
-    """Apply pending migrations to the database.
+    """Apply pending migrations to the database, then the functions files if they changed.
 
     Safe to run again, or from several processes at once. Refuses a database whose applied
-    migrations differ from this build's (their checksums are recorded)."""
+    migrations differ from this build's (their checksums are recorded), or that a newer
+    build migrated."""
     # migrate=False: the embedded cluster must not be migrated behind this command's back,
     # or it would always report that nothing was left to apply
     settings = obj.settings()

@@ -1,28 +1,37 @@
-"""Versioned migrations: numbered ``.sql`` files applied once each, in order.
+"""The schema: numbered migrations applied once each, in order, then the functions files.
 
 ``migrate`` is idempotent and safe to run from several processes at once (an advisory
-lock serialises them); it only ever adds. ``bundle`` concatenates every migration into
-one file that installs the schema from ``psql`` alone, recording the versions so that a
-later ``conveyor db migrate`` knows where it stands.
+lock serialises them). ``bundle`` concatenates everything into one file that installs the
+schema from ``psql`` alone, recording what it applied so that a later ``conveyor db
+migrate`` knows where it stands.
 
-Migrations are append-only once released: a changed function goes in a new migration.
-Numbers increase but may leave gaps (work developed in parallel takes numbers ahead of
-time and lands in any order); a database is migrated in number order only, so one that
-already has a migration numbered above a missing one is refused rather than given the
-missing one late (``errors.SchemaMismatch``: the later one may redefine what it defines).
+Numbered migrations (``sql/migrations/NNNN_*.sql``) hold tables, types, indexes, data and
+drops, and are append-only once landed. Numbers increase but may leave gaps (work
+developed in parallel takes numbers ahead of time and lands in any order); a database is
+migrated in number order only, so one that already has a migration numbered above a
+missing one is refused rather than given the missing one late (``errors.SchemaMismatch``).
 Each applied migration's SHA-256 is recorded, and ``migrate`` and ``verify`` refuse a
 database whose recorded migration differs from this build's file of the same number
 (``errors.SchemaMismatch``): it was migrated by a build whose migration said something
-else, so its functions are not the ones this code expects. Rows recorded before
-checksums existed get this build's checksum the first time (nothing to compare them with).
+else. Rows recorded before checksums existed get this build's checksum the first time.
+
+Functions files (``sql/functions/NN_<concept>.sql``) hold every function and view as it
+stands, as ``CREATE OR REPLACE`` statements: after the migrations, all of them are applied
+again, in order, whenever any differs from the checksums recorded in
+``conveyor.schema_functions`` (repeatable, as Flyway's repeatable migrations). ``verify``
+refuses a database whose recorded functions differ from this build's; ``migrate`` refuses
+to replace the functions of a database migrated by a newer build (one with a migration
+this build lacks). docs/architecture.md, "Where each SQL function's current definition
+lives", has the rules.
 
 Dialects (``DIALECTS``: pgmq, PgQue and PgQ's SQL interfaces over Conveyor's engine,
 docs/dialects.md) are optional: each has its own numbered migrations in
 ``sql/dialects/<dialect>/``, recorded in ``conveyor.dialect_migrations`` with checksums
-under the same rules. A dialect is installed when asked for (``migrate(dialects=...)``,
-``conveyor db migrate --dialects``, ``CONVEYOR_DIALECTS``) and from then on upgraded by
-every ``migrate``. Installing one is refused while the real extension (or a schema of
-that name that Conveyor did not create) is in the database.
+under the same rules, and its functions files in ``sql/dialects/<dialect>/functions/``.
+A dialect is installed when asked for (``migrate(dialects=...)``, ``conveyor db migrate
+--dialects``, ``CONVEYOR_DIALECTS``) and from then on upgraded by every ``migrate``.
+Installing one is refused while the real extension (or a schema of that name that
+Conveyor did not create) is in the database.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import Any
 
 from conveyor import errors, settings
 from conveyor.db import execute
@@ -42,6 +53,7 @@ from conveyor.settings import DIALECTS
 log = logging.getLogger(__name__)
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_FUNCTIONS_FILE = re.compile(r"^(\d{2})_([a-z0-9_]+)\.sql$")
 _LOCK_KEY = 7306554611  # arbitrary constant: "conveyor migrate"
 
 BOOTSTRAP = """\
@@ -60,6 +72,13 @@ CREATE TABLE IF NOT EXISTS conveyor.dialect_migrations (
     applied_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (dialect, version)
 );
+CREATE TABLE IF NOT EXISTS conveyor.schema_functions (
+    scope      text NOT NULL,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (scope, name)
+);
 """
 
 
@@ -69,15 +88,20 @@ class Migration:
     name: str
     sql: str
     dialect: str | None = None
+    functions: bool = False  # a functions file (``functions()``): version is its place in the order
 
     @property
     def checksum(self) -> str:
         return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
 
     @property
+    def stem(self) -> str:
+        return f"{self.version:02d}_{self.name}" if self.functions else f"{self.version:04d}_{self.name}"
+
+    @property
     def label(self) -> str:
         prefix = f"{self.dialect}/" if self.dialect else ""
-        return f"{prefix}{self.version:04d}_{self.name}"
+        return f"{prefix}{'functions/' if self.functions else ''}{self.stem}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,25 +111,38 @@ class MigrationStatus:
     applied_at: datetime | None
 
 
-def migrations(dialect: str | None = None) -> list[Migration]:
-    """Conveyor's migrations, or a dialect's (``DIALECTS``), in order."""
+def _folder(dialect: str | None) -> Traversable:
     sql = resources.files("conveyor") / "sql"
     if dialect is None:
-        folder = sql / "migrations"
-    elif dialect in DIALECTS:
-        folder = sql / "dialects" / dialect
-    else:
-        raise errors.InvalidInput(f"unknown dialect {dialect!r}: choose from {', '.join(DIALECTS)}")
+        return sql / "migrations"
+    if dialect in DIALECTS:
+        return sql / "dialects" / dialect
+    raise errors.InvalidInput(f"unknown dialect {dialect!r}: choose from {', '.join(DIALECTS)}")
+
+
+def _files(folder: Traversable, pattern: re.Pattern[str], dialect: str | None, kind: bool) -> list[Migration]:
     found = []
     for entry in folder.iterdir() if folder.is_dir() else ():
-        match = _FILE.match(entry.name)
+        match = pattern.match(entry.name)
         if match:
-            found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8"), dialect))
+            found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8"), dialect, kind))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
-        raise RuntimeError(f"migrations must have distinct numbers from 1 up, found {versions}")
+        raise RuntimeError(f"{folder}: files must have distinct numbers from 1 up, found {versions}")
     return found
+
+
+def migrations(dialect: str | None = None) -> list[Migration]:
+    """Conveyor's numbered migrations, or a dialect's (``DIALECTS``), in order."""
+    return _files(_folder(dialect), _FILE, dialect, False)
+
+
+def functions(dialect: str | None = None) -> list[Migration]:
+    """Conveyor's functions files (``sql/functions/NN_concept.sql``), or a dialect's
+    (``sql/dialects/<dialect>/functions/``), in the order they are applied."""
+    folder = _folder(dialect) / "functions" if dialect else resources.files("conveyor") / "sql" / "functions"
+    return _files(folder, _FUNCTIONS_FILE, dialect, True)
 
 
 def _refuse_out_of_order(pending: Migration, applied: set[int]) -> None:
@@ -158,6 +195,17 @@ def _mismatch(m: Migration, recorded: str) -> errors.SchemaMismatch:
         "this build's migrations make, record this build's checksums with `conveyor db migrate --accept-checksums`.")
 
 
+def _functions_mismatch(scope: str, files: list[Migration], recorded: dict[str, str]) -> errors.SchemaMismatch:
+    ours = {f.stem: f.checksum for f in files}
+    differ = sorted(set(ours) ^ set(recorded) | {n for n in ours if n in recorded and ours[n] != recorded[n]})
+    where = "" if scope == "conveyor" else f"{scope}/"
+    return errors.SchemaMismatch(
+        f"the functions in this database are not this build's ({where}functions/{differ[0]}"
+        f"{f' and {len(differ) - 1} more' if len(differ) > 1 else ''} differ): it was migrated by another "
+        "build of Conveyor, or not since this build's functions changed. Run `conveyor db migrate` with this "
+        "build (it re-applies the functions files), or run the build that migrated it.")
+
+
 async def _check(conn: execute.Connection, applied: dict[int, _Applied], *, accept: bool) -> None:
     """Refuse recorded migrations that differ from this build's files (``accept``: record
     this build's checksums instead); fill in checksums recorded before they existed."""
@@ -173,16 +221,65 @@ async def _check(conn: execute.Connection, applied: dict[int, _Applied], *, acce
                            (m.checksum, m.version))
 
 
-async def _dialects_applied(conn: execute.Connection) -> dict[str, dict[int, _Applied]]:
-    cur = await conn.execute("SELECT to_regclass('conveyor.dialect_migrations') IS NOT NULL")
+async def _bookkeeping(conn: execute.Connection, table: str, query: str) -> list[Any]:
+    """The rows of one of the bookkeeping tables, none before it exists."""
+    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
     row = await cur.fetchone()
     if not row or not row[0]:
-        return {}
-    cur = await conn.execute("SELECT dialect, version, applied_at, checksum FROM conveyor.dialect_migrations")
+        return []
+    cur = await conn.execute(query)
+    return await cur.fetchall()
+
+
+async def _dialects_applied(conn: execute.Connection) -> dict[str, dict[int, _Applied]]:
     found: dict[str, dict[int, _Applied]] = {}
-    for dialect, version, at, digest in await cur.fetchall():
+    for dialect, version, at, digest in await _bookkeeping(
+            conn, "conveyor.dialect_migrations",
+            "SELECT dialect, version, applied_at, checksum FROM conveyor.dialect_migrations"):
         found.setdefault(dialect, {})[version] = _Applied(at, digest)
     return found
+
+
+async def _functions_recorded(conn: execute.Connection) -> dict[str, dict[str, str]]:
+    """scope ('conveyor' or a dialect) -> {file stem: checksum} as the database records them."""
+    found: dict[str, dict[str, str]] = {}
+    for scope, name, digest in await _bookkeeping(conn, "conveyor.schema_functions",
+                                                  "SELECT scope, name, checksum FROM conveyor.schema_functions"):
+        found.setdefault(scope, {})[name] = digest
+    return found
+
+
+def _functions_differ(files: list[Migration], recorded: dict[str, str]) -> bool:
+    return recorded != {f.stem: f.checksum for f in files}
+
+
+def _refuse_newer(applied: dict[int, _Applied], known: list[Migration]) -> None:
+    """Functions files are re-applied whenever they differ from the database's; a database
+    migrated by a newer build (a numbered migration this build does not have) would get
+    this build's older functions back: refused."""
+    newer = sorted(set(applied) - {m.version for m in known})
+    if newer:
+        prefix = f"{known[0].dialect}/" if known and known[0].dialect else ""
+        raise errors.SchemaMismatch(
+            f"migration {prefix}{newer[-1]:04d} recorded in this database is not in this build: the database was "
+            "migrated by a newer build of Conveyor, and this build would replace that build's functions with its "
+            "own older ones. Run the newer build.")
+
+
+async def _apply_functions(conn: execute.Connection, scope: str, files: list[Migration],
+                           recorded: dict[str, str]) -> list[Migration]:
+    """Every functions file of ``scope``, in order, when any of them differs from what the
+    database records (all of them: a later file may re-create what an earlier one's
+    function needs, and plans.sql's settings follow every re-created function)."""
+    if not _functions_differ(files, recorded):
+        return []
+    for f in files:
+        await conn.execute(f.sql)
+    await conn.execute("DELETE FROM conveyor.schema_functions WHERE scope = %s", (scope,))
+    for f in files:
+        await conn.execute("INSERT INTO conveyor.schema_functions (scope, name, checksum) VALUES (%s, %s, %s)",
+                           (scope, f.stem, f.checksum))
+    return files
 
 
 async def _refuse_foreign(conn: execute.Connection, dialect: str) -> None:
@@ -221,15 +318,19 @@ async def _migrate_dialect(conn: execute.Connection, dialect: str, applied: dict
         await conn.execute("INSERT INTO conveyor.dialect_migrations (dialect, version, name, checksum) "
                            "VALUES (%s, %s, %s, %s)", (dialect, m.version, m.name, m.checksum))
         done.append(m)
-    return done
+    recorded = (await _functions_recorded(conn)).get(dialect, {})
+    if _functions_differ(functions(dialect), recorded):
+        _refuse_newer(applied, migrations(dialect))
+    return done + await _apply_functions(conn, dialect, functions(dialect), recorded)
 
 
 async def migrate(conn: execute.Connection, *, accept_checksums: bool = False,
                   dialects: tuple[str, ...] = (),
                   progress: Callable[[Migration], None] | None = None) -> list[Migration]:
     """Apply every migration not yet applied, in one transaction, after checking those
-    already applied against this build's (see the module's docstring): Conveyor's, then
-    those of the dialects asked for and of those installed before. Returns those applied."""
+    already applied against this build's (see the module's docstring), then the functions
+    files if they differ from the database's: Conveyor's, then those of the dialects asked
+    for and of those installed before. Returns the migrations and functions files applied."""
     done: list[Migration] = []
     for dialect in dialects:
         migrations(dialect)  # an unknown name is refused before anything runs
@@ -250,6 +351,10 @@ async def migrate(conn: execute.Connection, *, accept_checksums: bool = False,
                 done.append(migration)
                 if progress is not None:
                     progress(migration)
+            recorded = (await _functions_recorded(conn)).get("conveyor", {})
+            if _functions_differ(functions(), recorded):
+                _refuse_newer(applied, migrations())
+            done += await _apply_functions(conn, "conveyor", functions(), recorded)
             installed = await _dialects_applied(conn)
             for dialect in DIALECTS:
                 if dialect in dialects or dialect in installed:
@@ -270,10 +375,15 @@ async def verify(conn: execute.Connection) -> None:
     with execute.translated():
         applied = await _applied(conn)
         dialects = await _dialects_applied(conn)
+        recorded = await _functions_recorded(conn)
     for m in migrations() + [m for d in DIALECTS if d in dialects for m in migrations(d)]:
         found = (dialects.get(m.dialect, {}) if m.dialect else applied).get(m.version)
         if found is not None and found.checksum is not None and found.checksum != m.checksum:
             raise _mismatch(m, found.checksum)
+    for scope in ["conveyor"] + [d for d in DIALECTS if d in dialects]:
+        files = functions(None if scope == "conveyor" else scope)
+        if _functions_differ(files, recorded.get(scope, {})):
+            raise _functions_mismatch(scope, files, recorded.get(scope, {}))
 
 
 async def status(conn: execute.Connection) -> list[MigrationStatus]:
@@ -291,10 +401,39 @@ def _bundle_order_check(table: str, where: str, m: Migration) -> str:
             "order only; recreate the database with this build'; END IF; END $order$;")
 
 
+def _bundle_functions(dialect: str | None) -> list[str]:
+    """The bundle's form of ``_apply_functions`` (and ``_refuse_newer``)."""
+    scope = dialect or "conveyor"
+    files = functions(dialect)
+    known = ", ".join(str(m.version) for m in migrations(dialect))
+    table, where = (("conveyor.dialect_migrations", f"dialect = '{dialect}' AND ") if dialect
+                    else ("conveyor.schema_migrations", ""))
+    wanted = ", ".join(f"'{f.stem}:{f.checksum}'" for f in files)
+    parts = [
+        f"-- functions files of {scope}: all of them again when any differs from the database's",
+        "SELECT coalesce((SELECT array_agg(name || ':' || checksum ORDER BY name) FROM conveyor.schema_functions "
+        f"WHERE scope = '{scope}'), '{{}}') IS DISTINCT FROM ARRAY[{wanted}]::text[] AS conveyor_apply \\gset",
+        "\\if :conveyor_apply",
+        f"DO $newer$ BEGIN IF EXISTS (SELECT 1 FROM {table} WHERE {where}version NOT IN ({known})) THEN "
+        "RAISE EXCEPTION 'this database was migrated by a newer build of Conveyor (a migration this script does "
+        "not have): its functions would be replaced with older ones; run the newer build'; END IF; END $newer$;",
+    ]
+    for f in files:
+        parts += [f"-- functions file {f.label}", f.sql.rstrip()]
+    parts += [
+        f"DELETE FROM conveyor.schema_functions WHERE scope = '{scope}';",
+        "INSERT INTO conveyor.schema_functions (scope, name, checksum) VALUES "
+        + ", ".join(f"('{scope}', '{f.stem}', '{f.checksum}')" for f in files) + ";",
+        "\\endif",
+    ]
+    return parts
+
+
 def bundle(dialects: tuple[str, ...] = ()) -> str:
-    """Every migration (and those of ``dialects``) as one psql script that installs the
-    schema on an empty database and is safe to run again: each migration runs only if its
-    version is not recorded yet (psql's \\gset and \\if), so re-running it upgrades or
+    """Every migration and functions file (and those of ``dialects``) as one psql script
+    that installs the schema on an empty database and is safe to run again: each migration
+    runs only if its version is not recorded yet, and the functions files only if they
+    differ from those recorded (psql's \\gset and \\if), so re-running it upgrades or
     does nothing."""
     parts = [
         "-- Conveyor schema: install (or upgrade) with  psql -v ON_ERROR_STOP=1 -f conveyor.sql",
@@ -316,6 +455,7 @@ def bundle(dialects: tuple[str, ...] = ()) -> str:
             f"VALUES ({m.version}, '{m.name}', '{m.checksum}');",
             "\\endif",
         ]
+    parts += _bundle_functions(None)
     for dialect in DIALECTS:
         if dialect not in dialects:
             continue
@@ -331,5 +471,6 @@ def bundle(dialects: tuple[str, ...] = ()) -> str:
                 f"VALUES ('{dialect}', {m.version}, '{m.name}', '{m.checksum}');",
                 "\\endif",
             ]
+        parts += _bundle_functions(dialect)
     parts.append("COMMIT;")
     return "\n".join(parts) + "\n"

@@ -148,7 +148,7 @@ async def _startup(settings: Settings, database: Database, open_timeout: float) 
             log.critical("%s", exc.message)
             raise
     for m in applied:
-        log.info("applied migration %s", m.label)
+        log.info("applied %s %s", "functions file" if m.functions else "migration", m.label)
 
 
 def _jwt_config(settings: Settings) -> jwt_tokens.JwtConfig | None:

@@ -1,0 +1,148 @@
+-- Helpers every concept uses: errors, names, options, secrets.
+--
+-- Current definitions, re-applied whenever a file of this folder changes (docs/architecture.md,
+-- "Where each SQL function's current definition lives"). Edit a function here; tables, types,
+-- indexes, data and DROPs go in a new numbered migration.
+
+CREATE OR REPLACE FUNCTION conveyor._raise(code text, msg text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg;
+END $$;
+
+-- The same, usable inside an expression (a CASE branch of a query).
+CREATE OR REPLACE FUNCTION conveyor._fail(code text, msg text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg;
+END $$;
+
+-- SQS naming: 1-80 characters of [A-Za-z0-9_-]; FIFO queues end in ".fifo". A queue of
+-- another region than the server's default (SQS scopes queues per region) carries the
+-- region as a prefix: "eu-west-1:jobs".
+CREATE OR REPLACE FUNCTION conveyor._name_check(queue_name text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    bare text := regexp_replace(queue_name, '^[a-z0-9-]{1,32}:', '');
+BEGIN
+    IF queue_name IS NULL
+       OR length(bare) > 80
+       OR bare !~ '^[A-Za-z0-9_-]+(\.fifo)?$'
+       OR bare = '.fifo' THEN
+        PERFORM conveyor._raise('CVV01', format(
+            'invalid queue name %s: use 1 to 80 characters of A-Z, a-z, 0-9, hyphen and underscore, with the suffix .fifo for FIFO queues (and optionally a region prefix such as eu-west-1:)',
+            coalesce(quote_literal(left(queue_name, 100)), 'NULL')));
+    END IF;
+    RETURN queue_name LIKE '%.fifo';
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor._int_attr(attrs jsonb, key text, lo integer, hi integer) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v jsonb := attrs -> key;
+    n numeric;
+BEGIN
+    IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(v) = 'number' THEN
+        n := v::numeric;
+    ELSIF jsonb_typeof(v) = 'string' AND (v #>> '{}') ~ '^\s*-?\d+\s*$' THEN
+        n := (v #>> '{}')::numeric;
+    END IF;
+    IF n IS NULL OR n <> trunc(n) OR n < lo OR n > hi THEN
+        PERFORM conveyor._raise('CVV01', format('%s must be an integer from %s to %s, got %s',
+                                                key, lo, hi, left(v::text, 100)));
+    END IF;
+    RETURN n::integer;
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor._bool_attr(attrs jsonb, key text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v jsonb := attrs -> key;
+BEGIN
+    IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
+        RETURN NULL;
+    ELSIF jsonb_typeof(v) = 'boolean' THEN
+        RETURN v::boolean;
+    ELSIF jsonb_typeof(v) = 'string' AND lower(v #>> '{}') IN ('true', 'false') THEN
+        RETURN lower(v #>> '{}')::boolean;
+    END IF;
+    PERFORM conveyor._raise('CVV01', format('%s must be true or false, got %s', key, left(v::text, 100)));
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor._string_object_check(obj jsonb, what text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF obj IS NULL OR jsonb_typeof(obj) <> 'object'
+       OR EXISTS (SELECT 1 FROM jsonb_each(obj) t WHERE jsonb_typeof(t.value) NOT IN ('string', 'null')) THEN
+        PERFORM conveyor._raise('CVV01', what || ' must be a JSON object of strings');
+    END IF;
+END $$;
+
+-- JSON text to jsonb, or NULL if it is not valid JSON.
+CREATE OR REPLACE FUNCTION conveyor._json_or_null(doc text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN doc::jsonb;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END $$;
+
+-- The secret of that name: the stored one, or `candidate` (random bytes from the caller)
+-- stored now if there was none. Concurrent first callers all get the one that won.
+CREATE OR REPLACE FUNCTION conveyor.secret_get(secret_name text, candidate bytea) RETURNS bytea
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+BEGIN
+    INSERT INTO conveyor.secrets (name, value) VALUES (secret_name, candidate)
+    ON CONFLICT (name) DO NOTHING;
+    RETURN (SELECT s.value FROM conveyor.secrets s WHERE s.name = secret_name);
+END $$;
+
+-- Integer option: a JSON number (or numeric string) within bounds, or the default.
+CREATE OR REPLACE FUNCTION conveyor._int_option(options jsonb, key text, lo integer, hi integer, dflt integer)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v jsonb := options -> key;
+    n numeric;
+BEGIN
+    IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
+        RETURN dflt;
+    END IF;
+    BEGIN
+        n := (v #>> '{}')::numeric;
+    EXCEPTION WHEN others THEN
+        PERFORM conveyor._raise('CVV01', format('option %s must be a number, got %s', key, left(v::text, 100)));
+    END;
+    IF n <> trunc(n) OR n < lo OR n > hi THEN
+        PERFORM conveyor._raise('CVV01', format('option %s must be a whole number from %s to %s, got %s', key, lo, hi, n));
+    END IF;
+    RETURN n::integer;
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor._bool_option(options jsonb, key text, dflt boolean) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v jsonb := options -> key;
+BEGIN
+    IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
+        RETURN dflt;
+    END IF;
+    IF jsonb_typeof(v) = 'boolean' THEN
+        RETURN v::text::boolean;
+    END IF;
+    IF jsonb_typeof(v) = 'string' AND lower(v #>> '{}') IN ('true', 'false') THEN
+        RETURN lower(v #>> '{}')::boolean;
+    END IF;
+    PERFORM conveyor._raise('CVV01', format('option %s must be true or false, got %s', key, left(v::text, 100)));
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor._encrypted(q conveyor.queues) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(q.extra_attributes -> 'encrypted' = 'true'::jsonb, false)
+$$;
+
+REVOKE ALL ON ALL ROUTINES IN SCHEMA conveyor FROM PUBLIC;

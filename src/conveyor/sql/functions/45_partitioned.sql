@@ -1,0 +1,1092 @@
+-- Partitioned queues (Queen; core/partitioned.py): partitions, consumer groups, leases.
+--
+-- Current definitions, re-applied whenever a file of this folder changes (docs/architecture.md,
+-- "Where each SQL function's current definition lives"). Edit a function here; tables, types,
+-- indexes, data and DROPs go in a new numbered migration.
+
+CREATE OR REPLACE FUNCTION conveyor._pqueue(queue_name text) RETURNS conveyor.pqueues
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q conveyor.pqueues;
+BEGIN
+    SELECT * INTO q FROM conveyor.pqueues WHERE name = queue_name;
+    IF NOT FOUND THEN
+        PERFORM conveyor._raise('CVK01', format('queue %s does not exist',
+                                                coalesce(quote_literal(left(queue_name, 100)), 'NULL')));
+    END IF;
+    RETURN q;
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor._pqueue_name_check(queue_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF queue_name IS NULL OR queue_name !~ '^[A-Za-z0-9_.:-]{1,128}$' THEN
+        PERFORM conveyor._raise('CVV01', format(
+            'invalid queue name %s: use 1 to 128 characters of A-Z, a-z, 0-9 and _ . : -',
+            coalesce(quote_literal(left(queue_name, 140)), 'NULL')));
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor._partition_name_check(partition_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF partition_name IS NULL OR length(partition_name) NOT BETWEEN 1 AND 256 OR partition_name ~ '[\x00-\x1f]' THEN
+        PERFORM conveyor._raise('CVV01', 'a partition name is 1 to 256 characters, no control characters');
+    END IF;
+END $$;
+
+-- Creates a queue, or changes the configuration of an existing one (options not given
+-- keep their value). Options in Queen's names (leaseTime, retryLimit, priority,
+-- delayedProcessing, windowBuffer, maxWaitTimeSeconds, retentionSeconds,
+-- completedRetentionSeconds, encryptionEnabled, dlqAfterMaxRetries); others are kept in
+-- options as given.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_configure(queue_name text, options jsonb DEFAULT '{}',
+                                          namespace text DEFAULT NULL, task text DEFAULT NULL)
+RETURNS conveyor.pqueues
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    o jsonb := coalesce(options, '{}');
+    q conveyor.pqueues;
+BEGIN
+    PERFORM conveyor._pqueue_name_check(queue_name);
+    IF jsonb_typeof(o) <> 'object' THEN
+        PERFORM conveyor._raise('CVV01', 'options must be a JSON object');
+    END IF;
+    INSERT INTO conveyor.pqueues AS t (name, namespace, task) VALUES (queue_name, namespace, task)
+    ON CONFLICT (name) DO UPDATE SET updated_at = now()
+    RETURNING * INTO q;
+    UPDATE conveyor.pqueues t SET
+        namespace = coalesce(pqueue_configure.namespace, t.namespace),
+        task = coalesce(pqueue_configure.task, t.task),
+        lease_time = conveyor._int_option(o, 'leaseTime', 1, 86400, t.lease_time),
+        retry_limit = conveyor._int_option(o, 'retryLimit', 0, 1000, t.retry_limit),
+        priority = conveyor._int_option(o, 'priority', -1000000, 1000000, t.priority),
+        delayed_processing = conveyor._int_option(o, 'delayedProcessing', 0, 31536000, t.delayed_processing),
+        window_buffer = conveyor._int_option(o, 'windowBuffer', 0, 31536000, t.window_buffer),
+        max_wait_time_seconds = conveyor._int_option(o, 'maxWaitTimeSeconds', 0, 31536000, t.max_wait_time_seconds),
+        retention_seconds = conveyor._int_option(o, 'retentionSeconds', 0, 315360000, t.retention_seconds),
+        completed_retention_seconds = conveyor._int_option(o, 'completedRetentionSeconds', 0, 315360000,
+                                                           t.completed_retention_seconds),
+        encryption_enabled = conveyor._bool_option(o, 'encryptionEnabled', t.encryption_enabled),
+        dlq_after_max_retries = conveyor._bool_option(o, 'dlqAfterMaxRetries', t.dlq_after_max_retries),
+        options = t.options || o,
+        updated_at = now()
+     WHERE t.id = q.id
+    RETURNING * INTO q;
+    RETURN q;
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor.pqueue_drop(queue_name text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+BEGIN
+    DELETE FROM conveyor.pqueues WHERE name = queue_name;
+    RETURN FOUND;
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor.pqueue_listen(queue_name text, seconds integer DEFAULT 60) RETURNS timestamptz
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+    UPDATE conveyor.pqueues
+       SET listened_until = greatest(listened_until, now() + make_interval(secs => least(greatest(seconds, 1), 3600)))
+     WHERE name = queue_name
+    RETURNING listened_until
+$$;
+
+-- Pushes a batch: items [{queue, partition?, payload, transactionId?, traceId?,
+-- producerSub?, encrypted?}], creating queues and partitions that do not exist (partition
+-- default "Default"). Idempotent per (partition, transactionId), within the batch and
+-- against what is stored. Returns one answer per item, in order:
+-- {index, status: "queued" | "duplicate", messageId, transactionId, partitionId, queue,
+-- partition, seq}.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_push(items jsonb) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    answers jsonb;
+    notify record;
+BEGIN
+    IF items IS NULL OR jsonb_typeof(items) <> 'array' THEN
+        PERFORM conveyor._raise('CVV01', 'items must be a JSON array');
+    END IF;
+    IF jsonb_array_length(items) = 0 THEN
+        RETURN '[]';
+    END IF;
+    IF jsonb_array_length(items) > 10000 THEN
+        PERFORM conveyor._raise('CVV01', format('a push holds at most 10000 items, got %s', jsonb_array_length(items)));
+    END IF;
+    PERFORM conveyor._pqueue_name_check(x ->> 'queue'),
+            conveyor._partition_name_check(coalesce(nullif(x ->> 'partition', ''), 'Default'))
+       FROM jsonb_array_elements(items) x;
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(items) x
+                WHERE jsonb_typeof(x) <> 'object' OR length(x ->> 'transactionId') > 512) THEN
+        PERFORM conveyor._raise('CVV01', 'each item is a JSON object; a transactionId is at most 512 characters');
+    END IF;
+
+    -- queues and partitions a push names are created by it
+    INSERT INTO conveyor.pqueues (name)
+    SELECT DISTINCT x ->> 'queue' FROM jsonb_array_elements(items) x ORDER BY 1
+    ON CONFLICT (name) DO NOTHING;
+    INSERT INTO conveyor.partitions (queue_id, name)
+    SELECT DISTINCT q.id, coalesce(nullif(x ->> 'partition', ''), 'Default')
+      FROM jsonb_array_elements(items) x JOIN conveyor.pqueues q ON q.name = x ->> 'queue' ORDER BY 1, 2
+    ON CONFLICT (queue_id, name) DO NOTHING;
+
+    -- lock the partitions in id order (no deadlocks between pushes): from here on this
+    -- transaction numbers their messages, and nobody else does until it commits
+    PERFORM 1 FROM conveyor.partitions p
+     WHERE p.id IN (SELECT p2.id FROM jsonb_array_elements(items) x
+                      JOIN conveyor.pqueues q ON q.name = x ->> 'queue'
+                      JOIN conveyor.partitions p2 ON p2.queue_id = q.id
+                                                  AND p2.name = coalesce(nullif(x ->> 'partition', ''), 'Default'))
+     ORDER BY p.id FOR UPDATE;
+
+    -- a new statement, so a new snapshot: it sees what the pushes we waited for stored
+    WITH parsed AS MATERIALIZED (
+        SELECT (x.ord - 1)::integer AS idx, q.name AS queue, p.name AS partition, p.id AS partition_id,
+               p.uuid AS partition_uuid, p.head, x.item -> 'payload' AS payload,
+               coalesce(nullif(x.item ->> 'transactionId', ''), gen_random_uuid()::text) AS transaction_id,
+               CASE WHEN x.item ->> 'traceId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+                    THEN (x.item ->> 'traceId')::uuid END AS trace_id,
+               x.item ->> 'producerSub' AS producer_sub,
+               coalesce(x.item ->> 'encrypted', 'false') = 'true' AS is_encrypted
+          FROM jsonb_array_elements(items) WITH ORDINALITY AS x(item, ord)
+          JOIN conveyor.pqueues q ON q.name = x.item ->> 'queue'
+          JOIN conveyor.partitions p ON p.queue_id = q.id AND p.name = coalesce(nullif(x.item ->> 'partition', ''), 'Default')
+    ), fresh AS MATERIALIZED (
+        SELECT a.*, a.head + row_number() OVER (PARTITION BY a.partition_id ORDER BY a.idx) AS seq,
+               gen_random_uuid() AS message_id
+          FROM (SELECT DISTINCT ON (x.partition_id, x.transaction_id) x.* FROM parsed x
+                 ORDER BY x.partition_id, x.transaction_id, x.idx) a
+         WHERE NOT EXISTS (SELECT 1 FROM conveyor.partition_messages m
+                            WHERE m.partition_id = a.partition_id AND m.transaction_id = a.transaction_id)
+    ), stored AS (
+        INSERT INTO conveyor.partition_messages (partition_id, seq, id, transaction_id, trace_id, payload,
+                                                 is_encrypted, producer_sub)
+        SELECT f.partition_id, f.seq, f.message_id, f.transaction_id, f.trace_id, f.payload, f.is_encrypted,
+               f.producer_sub
+          FROM fresh f ORDER BY f.partition_id, f.seq
+        RETURNING 1
+    ), heads AS (
+        UPDATE conveyor.partitions p SET head = n.head, head_at = clock_timestamp(), head_xid = pg_current_xact_id()
+          FROM (SELECT f.partition_id, max(f.seq) AS head FROM fresh f GROUP BY 1) n
+         WHERE p.id = n.partition_id
+        RETURNING 1
+    )
+    SELECT jsonb_agg(jsonb_build_object(
+               'index', x.idx, 'status', CASE WHEN f.idx IS NOT NULL THEN 'queued' ELSE 'duplicate' END,
+               'messageId', coalesce(f.message_id, first.message_id, m.id),
+               'transactionId', x.transaction_id, 'partitionId', x.partition_uuid,
+               'queue', x.queue, 'partition', x.partition, 'seq', coalesce(f.seq, first.seq, m.seq)) ORDER BY x.idx)
+      INTO answers
+      FROM parsed x
+      LEFT JOIN fresh f ON f.idx = x.idx
+      LEFT JOIN fresh first ON f.idx IS NULL AND first.partition_id = x.partition_id
+                           AND first.transaction_id = x.transaction_id
+      LEFT JOIN conveyor.partition_messages m ON f.idx IS NULL AND first.idx IS NULL
+                                             AND m.partition_id = x.partition_id AND m.transaction_id = x.transaction_id;
+
+    FOR notify IN
+        SELECT q.name, count(*) AS n FROM jsonb_array_elements(answers) a JOIN conveyor.pqueues q ON q.name = a ->> 'queue'
+         WHERE a ->> 'status' = 'queued' AND q.listened_until > now() GROUP BY q.name
+    LOOP
+        PERFORM pg_notify('conveyor_queue', notify.n || ' partitioned/' || notify.name);
+    END LOOP;
+    RETURN answers;
+END $$;
+
+ALTER FUNCTION conveyor.pqueue_push(jsonb) SET plan_cache_mode = force_generic_plan;
+
+-- The cursor of a group in a partition, created where the group starts: 'all' at the
+-- beginning, 'new' and 'timestamp' after the messages older than its start.
+CREATE OR REPLACE FUNCTION conveyor._partition_cursor(part conveyor.partitions, group_name text)
+RETURNS conveyor.partition_cursors
+LANGUAGE plpgsql AS $$
+DECLARE
+    c conveyor.partition_cursors;
+    g conveyor.consumer_groups;
+    start bigint := 0;
+BEGIN
+    SELECT * INTO c FROM conveyor.partition_cursors x
+     WHERE x.partition_id = part.id AND x.consumer_group = group_name;
+    IF FOUND THEN
+        RETURN c;
+    END IF;
+    SELECT * INTO g FROM conveyor.consumer_groups x WHERE x.queue_id = part.queue_id AND x.name = group_name;
+    IF FOUND AND g.mode <> 'all' AND g.start_at IS NOT NULL THEN
+        SELECT coalesce(max(m.seq), 0) INTO start FROM conveyor.partition_messages m
+         WHERE m.partition_id = part.id AND m.created_at < g.start_at;
+    END IF;
+    INSERT INTO conveyor.partition_cursors AS x (partition_id, consumer_group, queue_id, cursor, behind)
+    VALUES (part.id, group_name, part.queue_id, start, part.head > start)
+    ON CONFLICT (partition_id, consumer_group) DO NOTHING;
+    SELECT * INTO c FROM conveyor.partition_cursors x
+     WHERE x.partition_id = part.id AND x.consumer_group = group_name;
+    RETURN c;
+END $$;
+
+-- The group of a pop, registered on first use with the subscription the pop asks for
+-- (from: an instant, or 'now'; mode 'new' is from now; otherwise 'all'); a group that
+-- exists keeps its own. Queue mode is the group '__QUEUE_MODE__'.
+CREATE OR REPLACE FUNCTION conveyor._consumer_group(q conveyor.pqueues, group_name text, sub_mode text DEFAULT NULL,
+                                         sub_from text DEFAULT NULL) RETURNS conveyor.consumer_groups
+LANGUAGE plpgsql AS $$
+DECLARE
+    g conveyor.consumer_groups;
+    mode text := 'all';
+    start_at timestamptz;
+BEGIN
+    IF group_name IS NULL OR length(group_name) NOT BETWEEN 1 AND 256 THEN
+        PERFORM conveyor._raise('CVV01', 'a consumer group name is 1 to 256 characters');
+    END IF;
+    SELECT * INTO g FROM conveyor.consumer_groups x WHERE x.queue_id = q.id AND x.name = group_name;
+    IF FOUND THEN
+        RETURN g;
+    END IF;
+    IF nullif(sub_from, '') IS NOT NULL AND lower(sub_from) <> 'now' THEN
+        BEGIN
+            start_at := sub_from::timestamptz;
+        EXCEPTION WHEN others THEN
+            PERFORM conveyor._raise('CVV01', format('subscriptionFrom must be now or a timestamp, got %s',
+                                                    left(sub_from, 60)));
+        END;
+        mode := 'timestamp';
+    ELSIF lower(sub_from) = 'now' OR lower(sub_mode) = 'new' THEN
+        mode := 'new';
+        start_at := now();
+    END IF;
+    INSERT INTO conveyor.consumer_groups AS x (queue_id, name, mode, start_at) VALUES (q.id, group_name, mode, start_at)
+    ON CONFLICT (queue_id, name) DO NOTHING;
+    SELECT * INTO g FROM conveyor.consumer_groups x WHERE x.queue_id = q.id AND x.name = group_name;
+    RETURN g;
+END $$;
+
+-- Pops: {queue?, namespace?, task?, partition?, consumerGroup?, batch, maxPartitions?,
+-- leaseSeconds?, workerId?}. Without a partition, takes up to maxPartitions partitions
+-- with work (one lease shared by all of them), queues by priority. Returns
+-- {messages: [...], leaseId} (messages empty when there is nothing to pop).
+--
+-- A wildcard pop must not scan every partition of a large queue each time. Candidates are
+-- (1) partitions pushed to since the group last found nothing (partitions.head_xid at or
+-- after the group's scanned_xid, through partitions_pushed_idx), (2) partitions whose
+-- cursor says they are behind (a pop took part of their backlog, a failure released a
+-- lease), (3) partitions whose lease expired. When a pop finds nothing it moves the
+-- group's scanned_xid to the oldest transaction still running: every push from before has
+-- committed and was looked at, and every later one is found by (1). A pop that skipped a
+-- candidate (another pop or an ack held it) did not look at it, and leaves scanned_xid.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_pop(request jsonb) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    batch integer := conveyor._int_option(request, 'batch', 1, 10000, 1);
+    max_parts integer := conveyor._int_option(request, 'maxPartitions', 1, 1000, 1);
+    group_name text := coalesce(nullif(request ->> 'consumerGroup', ''), '__QUEUE_MODE__');
+    part_name text := nullif(request ->> 'partition', '');
+    worker text := left(request ->> 'workerId', 256);
+    lease uuid := gen_random_uuid();
+    got jsonb := '[]';
+    one jsonb;
+    q conveyor.pqueues;
+    g conveyor.consumer_groups;
+    part conveyor.partitions;
+    taken integer := 0;
+    lease_seconds integer;
+    scan_xmin xid8;
+    scan_ts timestamptz;
+    pushed bigint[];
+    skipped boolean := false;
+    candidate bigint;
+BEGIN
+    IF jsonb_typeof(request) IS DISTINCT FROM 'object' THEN
+        PERFORM conveyor._raise('CVV01', 'a pop request must be a JSON object');
+    END IF;
+    FOR q IN
+        SELECT * FROM conveyor.pqueues x
+         WHERE (request ->> 'queue' IS NOT NULL AND x.name = request ->> 'queue')
+            OR (request ->> 'queue' IS NULL AND (request ->> 'namespace' IS NOT NULL OR request ->> 'task' IS NOT NULL)
+                AND x.namespace IS NOT DISTINCT FROM coalesce(request ->> 'namespace', x.namespace)
+                AND x.task IS NOT DISTINCT FROM coalesce(request ->> 'task', x.task))
+         ORDER BY x.priority DESC, x.id
+    LOOP
+        EXIT WHEN taken >= max_parts OR jsonb_array_length(got) >= batch;
+        g := conveyor._consumer_group(q, group_name, request ->> 'subscriptionMode', request ->> 'subscriptionFrom');
+        lease_seconds := conveyor._int_option(request, 'leaseSeconds', 1, 86400, q.lease_time);
+        IF part_name IS NOT NULL THEN
+            SELECT * INTO part FROM conveyor.partitions p WHERE p.queue_id = q.id AND p.name = part_name;
+            IF FOUND THEN
+                FOR one IN SELECT * FROM conveyor._partition_claim(q, part, group_name, batch, lease, lease_seconds, worker)
+                LOOP
+                    IF NOT one ? 'skipped' THEN
+                        got := got || one;
+                    END IF;
+                END LOOP;
+            END IF;
+            CONTINUE;
+        END IF;
+        scan_xmin := pg_snapshot_xmin(pg_current_snapshot());
+        scan_ts := clock_timestamp();  -- a value, not a volatile call: the lease index can use it
+        -- partitions pushed to since the group last found nothing and still holding work
+        -- for it, a bounded number at a time: if the bound is reached, only those are
+        -- known to be looked at (the ones the group consumed meanwhile are passed over, so
+        -- a push that lands behind many partitions of one big transaction is still found)
+        SELECT array_agg(p.id), CASE WHEN count(*) >= 1000 THEN max(p.head_xid) ELSE scan_xmin END
+          INTO pushed, scan_xmin
+          FROM (SELECT p.id, p.head_xid FROM conveyor.partitions p
+                 WHERE p.queue_id = q.id AND p.head_xid >= g.scanned_xid
+                   -- a lookup per partition of the range (not a join the planner could turn
+                   -- into a scan of every cursor of every group)
+                   AND p.head > coalesce((SELECT x.cursor FROM conveyor.partition_cursors x
+                                           WHERE x.partition_id = p.id AND x.consumer_group = group_name), 0)
+                 ORDER BY p.head_xid LIMIT 1000) p;
+        FOR candidate IN
+            SELECT c.id FROM (
+                (SELECT p.id, p.head_at FROM conveyor.partitions p WHERE p.id = ANY (pushed))
+                UNION
+                (SELECT p.id, p.head_at FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id
+                  WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.behind LIMIT 1000)
+                UNION
+                (SELECT p.id, p.head_at FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id
+                  WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.lease_id IS NOT NULL
+                    AND x.lease_expires_at <= scan_ts LIMIT 1000)
+            ) c
+            LEFT JOIN conveyor.partition_cursors x ON x.partition_id = c.id AND x.consumer_group = group_name
+            JOIN conveyor.partitions p ON p.id = c.id
+             WHERE p.head > coalesce(x.cursor, 0)
+               AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts)
+             ORDER BY c.head_at NULLS LAST, c.id
+        LOOP
+            EXIT WHEN taken >= max_parts OR jsonb_array_length(got) >= batch;
+            -- concurrent pops of the group skip a partition another is claiming
+            IF NOT pg_try_advisory_xact_lock(hashtextextended(candidate || '/' || group_name, 7306554613)) THEN
+                skipped := true;
+                CONTINUE;
+            END IF;
+            SELECT * INTO part FROM conveyor.partitions p WHERE p.id = candidate;
+            one := NULL;
+            FOR one IN SELECT * FROM conveyor._partition_claim(q, part, group_name, batch - jsonb_array_length(got),
+                                                               lease, lease_seconds, worker)
+            LOOP
+                IF one ? 'skipped' THEN
+                    skipped := true;
+                ELSE
+                    got := got || one;
+                END IF;
+            END LOOP;
+            IF one IS NOT NULL AND NOT one ? 'skipped' THEN
+                taken := taken + 1;
+            END IF;
+        END LOOP;
+        IF taken = 0 AND NOT skipped THEN
+            UPDATE conveyor.consumer_groups x SET scanned_xid = scan_xmin
+             WHERE x.queue_id = q.id AND x.name = group_name AND x.scanned_xid < scan_xmin;
+        END IF;
+    END LOOP;
+    IF coalesce(request ->> 'autoAck', 'false') = 'true' AND jsonb_array_length(got) > 0 THEN
+        -- at most once: delivered means done, and no lease is left behind
+        PERFORM conveyor._partition_done(p.id, group_name, (e ->> 'seq')::bigint)
+           FROM jsonb_array_elements(got) e JOIN conveyor.partitions p ON p.uuid = (e ->> 'partitionId')::uuid;
+        UPDATE conveyor.partition_cursors x
+           SET lease_id = NULL, lease_expires_at = NULL, leased_through = NULL,
+               behind = (SELECT p.head FROM conveyor.partitions p WHERE p.id = x.partition_id) > x.cursor
+         WHERE x.lease_id = lease;
+        SELECT jsonb_agg(e || jsonb_build_object('leaseId', '')) INTO got FROM jsonb_array_elements(got) e;
+        RETURN jsonb_build_object('messages', got, 'leaseId', '');
+    END IF;
+    RETURN jsonb_build_object('messages', got,
+                              'leaseId', CASE WHEN jsonb_array_length(got) > 0 THEN lease END);
+END $$;
+
+-- The hot functions of partitioned queues keep generic plans, as the queue functions do
+-- (0014): planned with each call's values, a statement on a partition the statistics have
+-- not seen expects one row, and every index starting with partition_id looks as good as
+-- the one the statement needs (measured: a pop read a new partition of 200,000 messages
+-- through partition_messages' transaction id index). A generic plan expects an average
+-- partition and takes the index that holds its conditions. Their tables are not
+-- partitioned, so these plans do not follow the queue storage kinds (see _message_plans).
+ALTER FUNCTION conveyor.pqueue_pop(jsonb) SET plan_cache_mode = force_generic_plan;
+
+-- Several pops in one call (request fusion): one answer per request, in order. They run
+-- one after the other in one transaction, so no two of them get the same partition.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_pop_many(requests jsonb) RETURNS jsonb
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+    SELECT coalesce(jsonb_agg(conveyor.pqueue_pop(r.value) ORDER BY r.ord), '[]')
+      FROM jsonb_array_elements(CASE WHEN jsonb_typeof(requests) = 'array' THEN requests
+                                     ELSE conveyor._fail('CVV01', 'requests must be a JSON array')::text::jsonb END)
+           WITH ORDINALITY AS r(value, ord)
+$$;
+
+ALTER FUNCTION conveyor.pqueue_pop_many(jsonb) SET plan_cache_mode = force_generic_plan;
+
+-- Marks one message done for a group: the cursor moves over every done message
+-- directly after it. Caller holds the cursor row.
+CREATE OR REPLACE FUNCTION conveyor._partition_done(partition_id bigint, group_name text, seq bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    c conveyor.partition_cursors;
+    now_done bigint[];
+    pos bigint;
+BEGIN
+    SELECT * INTO c FROM conveyor.partition_cursors x
+     WHERE x.partition_id = _partition_done.partition_id AND x.consumer_group = group_name;
+    IF seq <= c.cursor OR seq = ANY (c.done) THEN
+        RETURN;
+    END IF;
+    now_done := c.done || seq;
+    pos := c.cursor;
+    WHILE pos + 1 = ANY (now_done) LOOP
+        pos := pos + 1;
+    END LOOP;
+    UPDATE conveyor.partition_cursors x
+       SET cursor = pos, done = ARRAY(SELECT d FROM unnest(now_done) d WHERE d > pos ORDER BY d),
+           consumed = x.consumed + 1, last_consumed_at = now()
+     WHERE x.partition_id = _partition_done.partition_id AND x.consumer_group = group_name;
+    DELETE FROM conveyor.partition_retries r
+     WHERE r.partition_id = _partition_done.partition_id AND r.consumer_group = group_name AND r.seq = _partition_done.seq;
+END $$;
+
+-- Moves a message to the dead letters of a group (or drops it when the queue does not
+-- keep them) and marks it done. Caller holds the cursor row.
+CREATE OR REPLACE FUNCTION conveyor._partition_dead_letter(q conveyor.pqueues, partition_id bigint, group_name text,
+                                                seq bigint, error text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF q.dlq_after_max_retries THEN
+        INSERT INTO conveyor.partition_dead_letters (queue_id, partition_id, seq, message_id, transaction_id, trace_id,
+                                                     consumer_group, payload, is_encrypted, producer_sub, error,
+                                                     failures, message_created_at)
+        SELECT q.id, m.partition_id, m.seq, m.id, m.transaction_id, m.trace_id, group_name, m.payload, m.is_encrypted,
+               m.producer_sub, error, coalesce((SELECT r.failures FROM conveyor.partition_retries r
+                                                 WHERE r.partition_id = m.partition_id AND r.consumer_group = group_name
+                                                   AND r.seq = m.seq), 0),
+               m.created_at
+          FROM conveyor.partition_messages m
+         WHERE m.partition_id = _partition_dead_letter.partition_id AND m.seq = _partition_dead_letter.seq;
+    END IF;
+    PERFORM conveyor._partition_done(partition_id, group_name, seq);
+END $$;
+
+-- Extends leases: leases [{leaseId, seconds?}] (seconds default: the queue's lease
+-- time). Only a lease still held is extended. Returns [{leaseId, success, error,
+-- expiresAt}].
+CREATE OR REPLACE FUNCTION conveyor.pqueue_renew(leases jsonb) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    l jsonb;
+    answers jsonb := '[]';
+    until timestamptz;
+BEGIN
+    IF leases IS NULL OR jsonb_typeof(leases) <> 'array' THEN
+        PERFORM conveyor._raise('CVV01', 'leases must be a JSON array');
+    END IF;
+    FOR l IN SELECT * FROM jsonb_array_elements(leases) LOOP
+        until := NULL;
+        IF l ->> 'leaseId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+            WITH renewed AS (
+                UPDATE conveyor.partition_cursors x
+                   SET lease_expires_at = clock_timestamp() + make_interval(
+                           secs => coalesce(conveyor._int_option(l, 'seconds', 1, 86400, NULL), q.lease_time))
+                  FROM conveyor.pqueues q
+                 WHERE x.lease_id = (l ->> 'leaseId')::uuid AND x.lease_expires_at > clock_timestamp()
+                   AND q.id = x.queue_id
+                RETURNING x.lease_expires_at)
+            SELECT max(lease_expires_at) INTO until FROM renewed;
+        END IF;
+        answers := answers || jsonb_build_object(
+            'leaseId', l ->> 'leaseId', 'success', until IS NOT NULL,
+            'error', CASE WHEN until IS NULL THEN 'Lease not found or expired' END,
+            'expiresAt', to_char(until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'));
+    END LOOP;
+    RETURN answers;
+END $$;
+
+ALTER FUNCTION conveyor.pqueue_renew(jsonb) SET plan_cache_mode = force_generic_plan;
+
+-- Registers a group with a subscription mode: 'all' (from the oldest message), 'new'
+-- (from now), 'timestamp' (from start_at). An existing group keeps its positions.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_subscribe(queue_name text, group_name text, mode text DEFAULT 'all',
+                                          start_at timestamptz DEFAULT NULL) RETURNS conveyor.consumer_groups
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    q conveyor.pqueues := conveyor._pqueue(queue_name);
+    g conveyor.consumer_groups;
+BEGIN
+    IF mode NOT IN ('all', 'new', 'timestamp') THEN
+        PERFORM conveyor._raise('CVV01', format('subscription mode must be all, new or timestamp, got %s', left(mode, 40)));
+    END IF;
+    IF mode = 'timestamp' AND start_at IS NULL THEN
+        PERFORM conveyor._raise('CVV01', 'subscription mode timestamp needs a start time');
+    END IF;
+    IF group_name IS NULL OR length(group_name) NOT BETWEEN 1 AND 256 OR group_name = '__QUEUE_MODE__' THEN
+        PERFORM conveyor._raise('CVV01', 'a consumer group name is 1 to 256 characters');
+    END IF;
+    INSERT INTO conveyor.consumer_groups AS x (queue_id, name, mode, start_at)
+    VALUES (q.id, group_name, mode, CASE mode WHEN 'new' THEN now() WHEN 'timestamp' THEN start_at END)
+    ON CONFLICT (queue_id, name) DO NOTHING;
+    SELECT * INTO g FROM conveyor.consumer_groups WHERE queue_id = q.id AND name = group_name;
+    RETURN g;
+END $$;
+
+-- Moves a group to a point in time in every partition of a queue (replay, or skip):
+-- messages from at on come again (at NULL: to the end, nothing comes again); leases are
+-- dropped. Returns the partitions moved.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_seek(queue_name text, group_name text, at timestamptz) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    q conveyor.pqueues := conveyor._pqueue(queue_name);
+    g conveyor.consumer_groups := conveyor._consumer_group(q, coalesce(group_name, '__QUEUE_MODE__'));
+    n integer;
+BEGIN
+    UPDATE conveyor.consumer_groups x SET mode = CASE WHEN at IS NULL THEN 'new' ELSE 'timestamp' END,
+                                          start_at = coalesce(at, now()), scanned_xid = '0'
+     WHERE x.queue_id = q.id AND x.name = g.name;
+    INSERT INTO conveyor.partition_cursors (partition_id, consumer_group, queue_id)
+    SELECT p.id, g.name, q.id FROM conveyor.partitions p WHERE p.queue_id = q.id
+    ON CONFLICT DO NOTHING;
+    UPDATE conveyor.partition_cursors x
+       SET cursor = CASE WHEN at IS NULL THEN (SELECT p.head FROM conveyor.partitions p WHERE p.id = x.partition_id)
+                         ELSE coalesce((SELECT max(m.seq) FROM conveyor.partition_messages m
+                                         WHERE m.partition_id = x.partition_id AND m.created_at < at), 0) END,
+           done = '{}', lease_id = NULL, lease_expires_at = NULL, leased_through = NULL, behind = true
+     WHERE x.queue_id = q.id AND x.consumer_group = g.name;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    DELETE FROM conveyor.partition_retries r USING conveyor.partitions p
+     WHERE p.queue_id = q.id AND r.partition_id = p.id AND r.consumer_group = g.name;
+    RETURN n;
+END $$;
+
+-- Removes the messages of a queue (or of one partition of it) and every group's
+-- position, leases and retries there. Returns the messages removed.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_clear(queue_name text, partition_name text DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    q conveyor.pqueues := conveyor._pqueue(queue_name);
+    n bigint;
+BEGIN
+    PERFORM 1 FROM conveyor.partitions p
+     WHERE p.queue_id = q.id AND (partition_name IS NULL OR p.name = partition_name) ORDER BY p.id FOR UPDATE;
+    DELETE FROM conveyor.partition_messages m USING conveyor.partitions p
+     WHERE m.partition_id = p.id AND p.queue_id = q.id AND (partition_name IS NULL OR p.name = partition_name);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    UPDATE conveyor.partition_cursors x SET cursor = p.head, done = '{}', lease_id = NULL, lease_expires_at = NULL,
+                                            leased_through = NULL, behind = false
+      FROM conveyor.partitions p
+     WHERE x.partition_id = p.id AND p.queue_id = q.id AND (partition_name IS NULL OR p.name = partition_name);
+    DELETE FROM conveyor.partition_retries r USING conveyor.partitions p
+     WHERE r.partition_id = p.id AND p.queue_id = q.id AND (partition_name IS NULL OR p.name = partition_name);
+    RETURN n;
+END $$;
+
+-- Forgets a group (its positions, leases and retries) on one queue, or on every queue.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_group_delete(group_name text, queue_name text DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    n integer;
+BEGIN
+    DELETE FROM conveyor.partition_cursors x USING conveyor.pqueues q
+     WHERE x.queue_id = q.id AND x.consumer_group = group_name AND (queue_name IS NULL OR q.name = queue_name);
+    DELETE FROM conveyor.partition_retries r USING conveyor.partitions p, conveyor.pqueues q
+     WHERE r.partition_id = p.id AND p.queue_id = q.id AND r.consumer_group = group_name
+       AND (queue_name IS NULL OR q.name = queue_name);
+    DELETE FROM conveyor.consumer_groups g USING conveyor.pqueues q
+     WHERE g.queue_id = q.id AND g.name = group_name AND (queue_name IS NULL OR q.name = queue_name);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- Every group of every queue (or of one) with its lag: messages not yet done, the oldest
+-- of them, partitions behind and leases held.
+CREATE OR REPLACE VIEW conveyor.consumer_group_lag AS
+SELECT q.name AS queue, g.name AS consumer_group, g.mode, g.start_at, g.created_at,
+       coalesce(sum(greatest(p.head - coalesce(x.cursor, 0), 0) - coalesce(cardinality(x.done), 0)), 0)::bigint AS lag,
+       count(*) FILTER (WHERE p.head > coalesce(x.cursor, 0))::bigint AS partitions_behind,
+       count(x.lease_id) FILTER (WHERE x.lease_expires_at > now())::bigint AS leases,
+       (SELECT min(m.created_at) FROM conveyor.partitions p2
+          JOIN conveyor.partition_cursors x2 ON x2.partition_id = p2.id AND x2.consumer_group = g.name
+          JOIN conveyor.partition_messages m ON m.partition_id = p2.id AND m.seq = x2.cursor + 1
+         WHERE p2.queue_id = q.id) AS oldest_pending_at,
+       max(x.last_consumed_at) AS last_consumed_at
+  FROM conveyor.consumer_groups g
+  JOIN conveyor.pqueues q ON q.id = g.queue_id
+  LEFT JOIN conveyor.partitions p ON p.queue_id = q.id
+  LEFT JOIN conveyor.partition_cursors x ON x.partition_id = p.id AND x.consumer_group = g.name
+ GROUP BY q.id, q.name, g.name, g.mode, g.start_at, g.created_at;
+
+-- Pushes dead letters back as new messages of their partitions (new transaction ids) and
+-- removes them from the dead letters. Returns the number retried.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_dead_letter_retry(ids bigint[]) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    items jsonb;
+BEGIN
+    WITH gone AS (
+        DELETE FROM conveyor.partition_dead_letters d WHERE d.id = ANY (ids) RETURNING d.*)
+    SELECT jsonb_agg(jsonb_build_object('queue', q.name, 'partition', p.name, 'payload', gone.payload,
+                                        'encrypted', gone.is_encrypted, 'producerSub', gone.producer_sub,
+                                        'traceId', gone.trace_id,
+                                        'transactionId', gone.transaction_id || ':retry:' || gone.id) ORDER BY gone.id)
+      INTO items
+      FROM gone JOIN conveyor.partitions p ON p.id = gone.partition_id JOIN conveyor.pqueues q ON q.id = p.queue_id;
+    IF items IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM conveyor.pqueue_push(items);
+    RETURN jsonb_array_length(items);
+END $$;
+
+-- Records a named event about a message (a trace): data {transactionId, partitionId,
+-- consumerGroup?, traceNames?, eventType?, data?, workerId?}. Returns the trace's id, or
+-- NULL if the message does not exist.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_trace(data jsonb) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    m conveyor.partition_messages;
+    names text[];
+    id bigint;
+BEGIN
+    IF jsonb_typeof(data) IS DISTINCT FROM 'object' THEN
+        PERFORM conveyor._raise('CVV01', 'a trace is a JSON object');
+    END IF;
+    IF data ->> 'partitionId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+        SELECT x.* INTO m FROM conveyor.partition_messages x JOIN conveyor.partitions p ON p.id = x.partition_id
+         WHERE p.uuid = (data ->> 'partitionId')::uuid AND x.transaction_id = data ->> 'transactionId';
+    END IF;
+    IF m.seq IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(data -> 'traceNames') = 'array' THEN
+        SELECT coalesce(array_agg(left(n, 256)), '{}') INTO names
+          FROM jsonb_array_elements_text(data -> 'traceNames') n WHERE n <> '';
+    ELSIF jsonb_typeof(data -> 'traceNames') = 'string' THEN
+        names := ARRAY[left(data ->> 'traceNames', 256)];
+    END IF;
+    INSERT INTO conveyor.message_traces (partition_id, message_id, transaction_id, consumer_group, event_type,
+                                         trace_names, data, worker_id)
+    VALUES (m.partition_id, m.id, m.transaction_id, coalesce(nullif(data ->> 'consumerGroup', ''), '__QUEUE_MODE__'),
+            left(coalesce(nullif(data ->> 'eventType', ''), 'info'), 64), coalesce(names, '{}'), data -> 'data',
+            left(data ->> 'workerId', 256))
+    RETURNING message_traces.id INTO id;
+    RETURN id;
+END $$;
+
+-- Administration of single messages: removes one (from every group's view), sends one
+-- to the dead letters of a group, or pushes a dead letter of it back. Each returns
+-- whether it acted.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_message_delete(partition_uuid uuid, transaction_id text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    m conveyor.partition_messages;
+    g record;
+BEGIN
+    SELECT x.* INTO m FROM conveyor.partition_messages x JOIN conveyor.partitions p ON p.id = x.partition_id
+     WHERE p.uuid = partition_uuid AND x.transaction_id = pqueue_message_delete.transaction_id;
+    IF m.seq IS NULL THEN
+        RETURN false;
+    END IF;
+    -- every group's cursor treats it as done, so no cursor waits for it
+    FOR g IN SELECT x.consumer_group FROM conveyor.partition_cursors x WHERE x.partition_id = m.partition_id FOR UPDATE LOOP
+        PERFORM conveyor._partition_done(m.partition_id, g.consumer_group, m.seq);
+    END LOOP;
+    DELETE FROM conveyor.partition_messages x WHERE x.partition_id = m.partition_id AND x.seq = m.seq;
+    RETURN true;
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor.pqueue_message_dead_letter(partition_uuid uuid, transaction_id text,
+                                                    group_name text DEFAULT NULL, error text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    m conveyor.partition_messages;
+    q conveyor.pqueues;
+    part conveyor.partitions;
+    grp text := coalesce(nullif(group_name, ''), '__QUEUE_MODE__');
+BEGIN
+    SELECT * INTO part FROM conveyor.partitions p WHERE p.uuid = partition_uuid;
+    SELECT x.* INTO m FROM conveyor.partition_messages x
+     WHERE x.partition_id = part.id AND x.transaction_id = pqueue_message_dead_letter.transaction_id;
+    IF m.seq IS NULL THEN
+        RETURN false;
+    END IF;
+    SELECT * INTO q FROM conveyor.pqueues WHERE id = part.queue_id;
+    PERFORM conveyor._partition_cursor(part, grp);
+    PERFORM 1 FROM conveyor.partition_cursors x WHERE x.partition_id = part.id AND x.consumer_group = grp FOR UPDATE;
+    IF EXISTS (SELECT 1 FROM conveyor.partition_cursors x WHERE x.partition_id = part.id AND x.consumer_group = grp
+                 AND (x.cursor >= m.seq OR m.seq = ANY (x.done))) THEN
+        RETURN false;  -- already done for that group
+    END IF;
+    INSERT INTO conveyor.partition_dead_letters (queue_id, partition_id, seq, message_id, transaction_id, trace_id,
+                                                 consumer_group, payload, is_encrypted, producer_sub, error, failures,
+                                                 message_created_at)
+    VALUES (q.id, part.id, m.seq, m.id, m.transaction_id, m.trace_id, grp, m.payload, m.is_encrypted, m.producer_sub,
+            coalesce(error, 'moved to the dead letters by an operator'), 0, m.created_at);
+    PERFORM conveyor._partition_done(part.id, grp, m.seq);
+    RETURN true;
+END $$;
+
+-- Removes messages past their queue's retention, and messages every group has consumed
+-- once completed retention has passed. Returns the number removed.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_maintain() RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    n bigint := 0;
+    k bigint;
+BEGIN
+    DELETE FROM conveyor.partition_messages m USING conveyor.partitions p, conveyor.pqueues q
+     WHERE m.partition_id = p.id AND p.queue_id = q.id AND q.retention_seconds > 0
+       AND m.created_at < now() - make_interval(secs => q.retention_seconds);
+    GET DIAGNOSTICS k = ROW_COUNT;
+    n := n + k;
+    DELETE FROM conveyor.partition_messages m USING conveyor.partitions p, conveyor.pqueues q
+     WHERE m.partition_id = p.id AND p.queue_id = q.id AND q.completed_retention_seconds > 0
+       AND m.created_at < now() - make_interval(secs => q.completed_retention_seconds)
+       AND EXISTS (SELECT 1 FROM conveyor.consumer_groups g WHERE g.queue_id = q.id)
+       AND NOT EXISTS (SELECT 1 FROM conveyor.consumer_groups g
+                        LEFT JOIN conveyor.partition_cursors x ON x.partition_id = p.id AND x.consumer_group = g.name
+                        WHERE g.queue_id = q.id AND coalesce(x.cursor, 0) < m.seq);
+    GET DIAGNOSTICS k = ROW_COUNT;
+    RETURN n + k;
+END $$;
+
+-- As in 0009, but the messages older than maxWaitTimeSeconds are found from the cursor by
+-- primary key, in seq order: they are the pending messages before the first one that is
+-- not (messages are numbered as they are pushed, so their times follow their numbers),
+-- and reading them stops there. 0009 read every pending message of the partition, or by
+-- the (partition_id, created_at) index every message ever kept before the deadline.
+CREATE OR REPLACE FUNCTION conveyor._partition_claim(q conveyor.pqueues, part conveyor.partitions, group_name text,
+                                                     batch integer, lease uuid, lease_seconds integer, worker text)
+RETURNS SETOF jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    c conveyor.partition_cursors;
+    ts timestamptz := clock_timestamp();
+    through bigint;
+    expired bigint[];
+    deadline timestamptz;
+BEGIN
+    c := conveyor._partition_cursor(part, group_name);
+    SELECT * INTO c FROM conveyor.partition_cursors x
+     WHERE x.partition_id = part.id AND x.consumer_group = group_name
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- another pop or an ack has the row right now: this pop did not look at the
+        -- partition, which its caller must know (see pqueue_pop's scanned_xid)
+        RETURN NEXT jsonb_build_object('skipped', true);
+        RETURN;
+    END IF;
+    IF c.lease_id IS NOT NULL AND c.lease_expires_at > ts THEN
+        RETURN;  -- another worker holds it
+    END IF;
+    IF q.window_buffer > 0 AND part.head_at > ts - make_interval(secs => q.window_buffer) THEN
+        -- the partition is still being written to: wait until it is quiet (look again later)
+        UPDATE conveyor.partition_cursors x SET behind = true
+         WHERE x.partition_id = part.id AND x.consumer_group = group_name AND NOT x.behind;
+        RETURN;
+    END IF;
+    IF q.max_wait_time_seconds > 0 THEN
+        -- too old to be worth processing: dead-lettered unread
+        deadline := ts - make_interval(secs => q.max_wait_time_seconds);
+        SELECT array_agg(m.seq) INTO expired FROM conveyor.partition_messages m
+         WHERE m.partition_id = part.id AND m.seq > c.cursor AND m.seq <> ALL (c.done)
+           AND m.seq < coalesce((SELECT f.seq FROM conveyor.partition_messages f
+                                  WHERE f.partition_id = part.id AND f.seq > c.cursor AND f.created_at >= deadline
+                                  ORDER BY f.seq LIMIT 1), 9223372036854775807)
+           AND m.created_at < deadline;
+        IF expired IS NOT NULL THEN
+            PERFORM conveyor._partition_dead_letter(q, part.id, group_name, s, 'expired: waited longer than '
+                                                    || q.max_wait_time_seconds || ' seconds') FROM unnest(expired) s;
+            SELECT * INTO c FROM conveyor.partition_cursors x
+             WHERE x.partition_id = part.id AND x.consumer_group = group_name;
+        END IF;
+    END IF;
+    SELECT max(m.seq) INTO through FROM (
+        SELECT m.seq FROM conveyor.partition_messages m
+         WHERE m.partition_id = part.id AND m.seq > c.cursor AND m.seq <> ALL (c.done)
+           AND (q.delayed_processing = 0 OR m.created_at <= ts - make_interval(secs => q.delayed_processing))
+         ORDER BY m.seq LIMIT batch) m;
+    IF through IS NULL THEN
+        UPDATE conveyor.partition_cursors x SET behind = (q.delayed_processing > 0 AND
+                                                          (SELECT p.head FROM conveyor.partitions p WHERE p.id = part.id) > x.cursor),
+                                                lease_id = NULL, lease_expires_at = NULL, leased_through = NULL
+         WHERE x.partition_id = part.id AND x.consumer_group = group_name AND (x.behind OR x.lease_id IS NOT NULL);
+        RETURN;
+    END IF;
+    UPDATE conveyor.partition_cursors x
+       SET lease_id = lease, lease_expires_at = ts + make_interval(secs => lease_seconds), leased_through = through,
+           worker_id = worker, behind = (part.head > through)
+     WHERE x.partition_id = part.id AND x.consumer_group = group_name;
+    RETURN QUERY
+    SELECT jsonb_build_object(
+               'id', m.id, 'transactionId', m.transaction_id, 'traceId', m.trace_id, 'data', m.payload,
+               'encrypted', m.is_encrypted, 'producerSub', m.producer_sub,
+               'createdAt', to_char(m.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+               'seq', m.seq, 'queue', q.name, 'partition', part.name, 'partitionId', part.uuid,
+               'consumerGroup', group_name, 'leaseId', lease,
+               'retryCount', coalesce(r.failures, 0), 'priority', q.priority)
+      FROM conveyor.partition_messages m
+      LEFT JOIN conveyor.partition_retries r
+        ON r.partition_id = m.partition_id AND r.consumer_group = group_name AND r.seq = m.seq
+     WHERE m.partition_id = part.id AND m.seq > c.cursor AND m.seq <= through AND m.seq <> ALL (c.done)
+     ORDER BY m.seq;
+END $$;
+
+-- 0009's pqueue_ack; only the lease check changes (see the comment at the check).
+CREATE OR REPLACE FUNCTION conveyor.pqueue_ack(acks jsonb, strict boolean DEFAULT false) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    a jsonb;
+    idx integer := 0;
+    answers jsonb := '[]';
+    m conveyor.partition_messages;
+    part conveyor.partitions;
+    q conveyor.pqueues;
+    c conveyor.partition_cursors;
+    group_name text;
+    status text;
+    outcome text;
+    failures integer;
+    released boolean;
+    lease_named text;
+    live boolean;
+    refusal text;
+    ts timestamptz := clock_timestamp();
+BEGIN
+    IF acks IS NULL OR jsonb_typeof(acks) <> 'array' THEN
+        PERFORM conveyor._raise('CVV01', 'acks must be a JSON array');
+    END IF;
+    FOR a IN SELECT * FROM jsonb_array_elements(acks) LOOP
+        IF jsonb_typeof(a) <> 'object' THEN
+            PERFORM conveyor._raise('CVV01', 'each ack is a JSON object');
+        END IF;
+        group_name := coalesce(nullif(a ->> 'consumerGroup', ''), '__QUEUE_MODE__');
+        status := lower(coalesce(nullif(a ->> 'status', ''), 'completed'));
+        IF status NOT IN ('completed', 'success', 'failed', 'dlq', 'retry') THEN
+            PERFORM conveyor._raise('CVV01', format('ack status must be completed, failed, dlq or retry, got %s',
+                                                    left(status, 40)));
+        END IF;
+        part := NULL;
+        m := NULL;
+        IF a ->> 'partitionId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+            SELECT * INTO part FROM conveyor.partitions p WHERE p.uuid = (a ->> 'partitionId')::uuid;
+        END IF;
+        IF part.id IS NOT NULL THEN
+            SELECT * INTO m FROM conveyor.partition_messages x
+             WHERE x.partition_id = part.id AND x.transaction_id = a ->> 'transactionId';
+        END IF;
+        IF m.seq IS NULL THEN
+            IF strict THEN
+                PERFORM conveyor._raise('CVK03', format('message %s of partition %s does not exist',
+                                                        left(a ->> 'transactionId', 100), left(a ->> 'partitionId', 40)));
+            END IF;
+            answers := answers || jsonb_build_object('index', idx, 'transactionId', a ->> 'transactionId',
+                                                     'partitionId', a ->> 'partitionId', 'success', false,
+                                                     'error', 'Message not found', 'dlq', false, 'leaseReleased', false);
+            idx := idx + 1;
+            CONTINUE;
+        END IF;
+        SELECT * INTO q FROM conveyor.pqueues WHERE id = part.queue_id;
+        -- serialise acks of one (partition, group): the lock is the cursor row's
+        SELECT * INTO c FROM conveyor.partition_cursors x
+         WHERE x.partition_id = part.id AND x.consumer_group = group_name FOR UPDATE;
+        -- Fencing. An ack naming a lease acts only under that lease, still held, on a
+        -- message it covers. An ack naming none cannot tell whose it is: while anyone
+        -- holds a live lease on the partition for the group it is refused (the holder's
+        -- ack names its lease); with no live lease it settles a message the group has not
+        -- done yet, as Queen's server does.
+        lease_named := lower(nullif(a ->> 'leaseId', ''));
+        live := coalesce(c.lease_id IS NOT NULL AND c.lease_expires_at > ts, false);
+        refusal := NULL;
+        IF c.partition_id IS NULL THEN
+            refusal := 'Message not delivered to this consumer group';
+        ELSIF lease_named IS NOT NULL THEN
+            IF NOT live OR c.lease_id::text <> lease_named OR m.seq <= c.cursor OR m.seq > c.leased_through
+               OR m.seq = ANY (c.done) THEN
+                refusal := 'Invalid or expired lease';
+            END IF;
+        ELSIF live THEN
+            refusal := 'Message is leased to another consumer (an ack under a lease names its leaseId)';
+        ELSIF m.seq <= c.cursor OR m.seq = ANY (c.done) THEN
+            refusal := 'Message already acknowledged';
+        END IF;
+        IF refusal IS NOT NULL THEN
+            IF strict THEN
+                PERFORM conveyor._raise('CVK02', format('message %s is not acknowledged: %s', left(m.transaction_id, 100),
+                    CASE WHEN refusal = 'Invalid or expired lease'
+                         THEN 'it is not leased to this consumer (the lease expired, was released or is another''s)'
+                         ELSE refusal END));
+            END IF;
+            answers := answers || jsonb_build_object('index', idx, 'transactionId', m.transaction_id,
+                                                     'partitionId', part.uuid, 'success', false,
+                                                     'error', refusal, 'dlq', false,
+                                                     'leaseReleased', false, 'queueName', q.name,
+                                                     'partitionName', part.name);
+            idx := idx + 1;
+            CONTINUE;
+        END IF;
+        IF status IN ('completed', 'success') THEN
+            PERFORM conveyor._partition_done(part.id, group_name, m.seq);
+            outcome := 'completed';
+        ELSIF status = 'retry' THEN
+            outcome := 'released';
+        ELSE
+            INSERT INTO conveyor.partition_retries AS r (partition_id, consumer_group, seq, failures, last_error)
+            VALUES (part.id, group_name, m.seq, 1, left(a ->> 'error', 4000))
+            ON CONFLICT (partition_id, consumer_group, seq)
+               DO UPDATE SET failures = r.failures + 1, last_error = excluded.last_error
+            RETURNING r.failures INTO failures;
+            IF status = 'dlq' OR failures > q.retry_limit THEN
+                PERFORM conveyor._partition_dead_letter(q, part.id, group_name, m.seq,
+                                                        coalesce(left(a ->> 'error', 4000), 'Retries exhausted'));
+                outcome := 'dlq';
+            ELSE
+                outcome := 'retry';
+            END IF;
+        END IF;
+        IF outcome IN ('retry', 'released') THEN
+            -- give the lease up: what is not done comes again
+            UPDATE conveyor.partition_cursors x
+               SET lease_id = NULL, lease_expires_at = NULL, leased_through = NULL, behind = true
+             WHERE x.partition_id = part.id AND x.consumer_group = group_name;
+            released := true;
+        ELSE
+            -- the lease ends when everything it covered is done; the partition's head is
+            -- read afresh, so a push that committed meanwhile is not missed
+            UPDATE conveyor.partition_cursors x
+               SET lease_id = NULL, lease_expires_at = NULL, leased_through = NULL,
+                   behind = (SELECT p.head FROM conveyor.partitions p WHERE p.id = part.id) > x.cursor
+             WHERE x.partition_id = part.id AND x.consumer_group = group_name AND x.lease_id IS NOT NULL
+               AND x.cursor >= x.leased_through;
+            released := FOUND;
+        END IF;
+        answers := answers || jsonb_build_object('index', idx, 'transactionId', m.transaction_id,
+                                                 'partitionId', part.uuid, 'messageId', m.id, 'success', true,
+                                                 'error', NULL, 'outcome', outcome, 'dlq', outcome = 'dlq',
+                                                 'leaseReleased', released, 'queueName', q.name,
+                                                 'partitionName', part.name);
+        idx := idx + 1;
+    END LOOP;
+    RETURN answers;
+END $$;
+
+-- Both keep the generic plans 0020 gave them (CREATE OR REPLACE resets a function's SET
+-- clauses, and pqueue_transaction has a new signature): an ack planned per call on a
+-- partition the statistics had not seen read every message kept before it.
+ALTER FUNCTION conveyor.pqueue_ack(jsonb, boolean) SET plan_cache_mode = force_generic_plan;
+
+CREATE OR REPLACE FUNCTION conveyor.pqueue_transaction(operations jsonb, required_leases jsonb DEFAULT NULL) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    op jsonb;
+    acks jsonb := '[]';
+    pushes jsonb := '[]';
+    held uuid[];
+    missing text;
+    lease uuid;
+BEGIN
+    IF operations IS NULL OR jsonb_typeof(operations) <> 'array' OR jsonb_array_length(operations) = 0 THEN
+        PERFORM conveyor._raise('CVV01', 'operations must be a non-empty JSON array');
+    END IF;
+    IF required_leases IS NOT NULL AND jsonb_typeof(required_leases) <> 'null' THEN
+        IF jsonb_typeof(required_leases) <> 'array'
+           OR EXISTS (SELECT 1 FROM jsonb_array_elements(required_leases) l WHERE jsonb_typeof(l) <> 'string') THEN
+            PERFORM conveyor._raise('CVV01', 'requiredLeases must be a JSON array of lease ids');
+        END IF;
+        SELECT l INTO missing FROM jsonb_array_elements_text(required_leases) l
+         WHERE l !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' LIMIT 1;
+        IF missing IS NULL THEN
+            SELECT array_agg(DISTINCT x.lease_id) INTO held FROM (
+                SELECT c.lease_id FROM conveyor.partition_cursors c
+                 WHERE c.lease_id = ANY (ARRAY(SELECT l::uuid FROM jsonb_array_elements_text(required_leases) l))
+                   AND c.lease_expires_at > clock_timestamp()
+                 ORDER BY c.partition_id, c.consumer_group
+                   FOR UPDATE) x;
+            SELECT l INTO missing FROM jsonb_array_elements_text(required_leases) l
+             WHERE l::uuid <> ALL (coalesce(held, '{}')) LIMIT 1;
+        END IF;
+        IF missing IS NOT NULL THEN
+            PERFORM conveyor._raise('CVK02', format('lease %s is not held (it expired, was released or does not exist)',
+                                                    left(missing, 60)));
+        END IF;
+    END IF;
+    FOR op IN SELECT * FROM jsonb_array_elements(operations) LOOP
+        CASE op ->> 'type'
+            WHEN 'ack' THEN
+                IF held IS NOT NULL AND nullif(op ->> 'leaseId', '') IS NULL
+                   AND op ->> 'partitionId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+                    SELECT c.lease_id INTO lease FROM conveyor.partition_cursors c
+                      JOIN conveyor.partitions p ON p.id = c.partition_id
+                     WHERE p.uuid = (op ->> 'partitionId')::uuid
+                       AND c.consumer_group = coalesce(nullif(op ->> 'consumerGroup', ''), '__QUEUE_MODE__')
+                       AND c.lease_id = ANY (held);
+                    IF FOUND THEN
+                        op := op || jsonb_build_object('leaseId', lease);
+                    END IF;
+                END IF;
+                acks := acks || conveyor.pqueue_ack(jsonb_build_array(op - 'type'), true);
+            WHEN 'push' THEN
+                IF jsonb_typeof(op -> 'items') IS DISTINCT FROM 'array' THEN
+                    PERFORM conveyor._raise('CVV01', 'a push operation needs items (a JSON array)');
+                END IF;
+                pushes := pushes || conveyor.pqueue_push(op -> 'items');
+            ELSE
+                PERFORM conveyor._raise('CVV01', format('operation type must be ack or push, got %s',
+                                                        coalesce(left(op ->> 'type', 40), 'none')));
+        END CASE;
+    END LOOP;
+    RETURN jsonb_build_object('acks', acks, 'pushes', pushes);
+END $$;
+
+ALTER FUNCTION conveyor.pqueue_transaction(jsonb, jsonb) SET plan_cache_mode = force_generic_plan;
+
+-- Creates the queues of a push that do not exist yet, within bounds: at most max_new of
+-- them (NULL: any number), and none beyond max_total partitioned queues in all (NULL: no
+-- bound). Beyond either, nothing is created and CVK04 is raised. Creations through here
+-- are counted one at a time (an advisory lock, taken only when something is new), so
+-- concurrent pushes cannot overshoot max_total together. Returns the names it created.
+CREATE OR REPLACE FUNCTION conveyor.pqueue_create_missing(names text[], max_new integer DEFAULT NULL,
+                                               max_total integer DEFAULT NULL) RETURNS text[]
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    fresh text[];
+    existing bigint;
+    created text[];
+BEGIN
+    PERFORM conveyor._pqueue_name_check(n) FROM unnest(names) n;
+    SELECT array_agg(DISTINCT n ORDER BY n) INTO fresh FROM unnest(names) n
+     WHERE NOT EXISTS (SELECT 1 FROM conveyor.pqueues q WHERE q.name = n);
+    IF fresh IS NULL THEN
+        RETURN '{}';
+    END IF;
+    IF max_new IS NOT NULL AND cardinality(fresh) > max_new THEN
+        PERFORM conveyor._raise('CVK04', CASE WHEN max_new <= 0
+            THEN format('queue %s does not exist, and this push may not create queues', quote_literal(left(fresh[1], 100)))
+            ELSE format('this push names %s queues that do not exist; a push may create at most %s',
+                        cardinality(fresh), max_new) END);
+    END IF;
+    IF max_total IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('conveyor.pqueue_create_missing', 7306554613));
+        -- a new statement, so a new snapshot: what the last holder of the lock created counts
+        SELECT array_agg(DISTINCT n ORDER BY n) INTO fresh FROM unnest(fresh) n
+         WHERE NOT EXISTS (SELECT 1 FROM conveyor.pqueues q WHERE q.name = n);
+        IF fresh IS NULL THEN
+            RETURN '{}';
+        END IF;
+        SELECT count(*) INTO existing FROM conveyor.pqueues;
+        IF existing + cardinality(fresh) > max_total THEN
+            PERFORM conveyor._raise('CVK04', format(
+                'pushes create no more queues: %s partitioned queues exist and pushes may create them up to %s '
+                '(configuring a queue still creates it)', existing, max_total));
+        END IF;
+    END IF;
+    WITH made AS (
+        INSERT INTO conveyor.pqueues (name) SELECT n FROM unnest(fresh) n ORDER BY n
+        ON CONFLICT (name) DO NOTHING
+        RETURNING name)
+    SELECT coalesce(array_agg(name ORDER BY name), '{}') INTO created FROM made;
+    RETURN created;
+END $$;
+
+DO $$
+BEGIN
+    GRANT EXECUTE ON FUNCTION conveyor.pqueue_transaction(jsonb, jsonb),
+                              conveyor.pqueue_create_missing(text[], integer, integer)
+        TO conveyor_writer;
+EXCEPTION WHEN undefined_object THEN
+    RAISE WARNING 'conveyor: roles missing, grants skipped (%)', SQLERRM;
+END $$;
+
+REVOKE ALL ON ALL ROUTINES IN SCHEMA conveyor FROM PUBLIC;
