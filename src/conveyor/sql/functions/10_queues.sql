@@ -31,7 +31,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $
      ORDER BY name
 $$;
 
--- Deletes every message of the queue, in flight or not. Returns how many.
+-- Deletes every message of the queue, in flight or not, and its deduplication window (a
+-- resend after a purge is a new message, as on SQS). Returns how many messages.
 CREATE OR REPLACE FUNCTION conveyor.queue_purge(queue_name text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
 DECLARE
@@ -41,6 +42,7 @@ BEGIN
     DELETE FROM conveyor.messages WHERE queue_id = q.id;
     GET DIAGNOSTICS n = ROW_COUNT;
     DELETE FROM conveyor.message_groups WHERE queue_id = q.id;
+    DELETE FROM conveyor.dedup WHERE queue_id = q.id;
     UPDATE conveyor.queues SET purged_at = now() WHERE id = q.id;
     RETURN n;
 END $$;

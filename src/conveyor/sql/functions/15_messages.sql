@@ -81,11 +81,12 @@ ALTER FUNCTION conveyor.message_send(text,text,jsonb,integer,text,text,text) SET
 -- Receives up to qty messages and hides them for vt seconds (the queue's visibility
 -- timeout when NULL). With wait_seconds > 0, polls inside this call until a message
 -- arrives or the time is up (for SQL users; the server long-polls without holding a
--- connection, see docs/architecture.md).
+-- connection, see docs/architecture.md). The rows come back in a defined order: a FIFO
+-- claim's (group by group), a standard queue's by id.
 CREATE OR REPLACE FUNCTION conveyor.message_receive(queue_name text, vt integer DEFAULT NULL, qty integer DEFAULT 1,
-                                         wait_seconds integer DEFAULT 0, poll_interval_ms integer DEFAULT 100)
+                                                    wait_seconds integer DEFAULT 0, poll_interval_ms integer DEFAULT 100)
 RETURNS SETOF conveyor.messages
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     q conveyor.queues := conveyor._queue(queue_name);
     vt_seconds integer := coalesce(vt, q.visibility_timeout);
@@ -106,7 +107,7 @@ BEGIN
         IF q.fifo THEN
             RETURN QUERY SELECT * FROM conveyor._claim_fifo(q, vt_seconds, qty);
         ELSE
-            RETURN QUERY SELECT * FROM conveyor._claim(q, vt_seconds, qty);
+            RETURN QUERY SELECT * FROM conveyor._claim(q, vt_seconds, qty) c ORDER BY c.id;
         END IF;
         IF FOUND OR clock_timestamp() >= deadline THEN
             RETURN;
@@ -235,10 +236,12 @@ $$;
 -- generic plans (migration 0014; see _message_plans)
 ALTER FUNCTION conveyor.message_set_vt(text,bigint,integer,boolean) SET plan_cache_mode = force_generic_plan;
 
+-- A receive with SQS's ReceiveRequestAttemptId: the messages are recorded, and given again
+-- to a retry of the same attempt, in the order the receive returned them.
 CREATE OR REPLACE FUNCTION conveyor.message_receive_attempt(queue_name text, attempt_id text,
-                                                 vt integer DEFAULT NULL, qty integer DEFAULT 1)
+                                                            vt integer DEFAULT NULL, qty integer DEFAULT 1)
 RETURNS SETOF conveyor.messages
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     q conveyor.queues := conveyor._queue(queue_name);
     a conveyor.receive_attempts;
@@ -261,17 +264,20 @@ BEGIN
                  = cardinality(a.message_ids) THEN
         -- the same messages again, their visibility timeout started anew
         RETURN QUERY
-        UPDATE conveyor.messages m SET vt = clock_timestamp() + make_interval(secs => vt_seconds)
-         WHERE m.queue_id = q.id AND m.id = ANY (a.message_ids)
-        RETURNING m.*;
+        WITH again AS (
+            UPDATE conveyor.messages m SET vt = clock_timestamp() + make_interval(secs => vt_seconds)
+             WHERE m.queue_id = q.id AND m.id = ANY (a.message_ids)
+            RETURNING m.*
+        )
+        SELECT again.* FROM again ORDER BY array_position(a.message_ids, again.id);
         RETURN;
     END IF;
-    SELECT array_agg(c ORDER BY c.id) INTO got FROM conveyor.message_receive(queue_name, vt, qty) c;
-    IF got IS NOT NULL THEN
+    got := ARRAY(SELECT c FROM conveyor.message_receive(queue_name, vt, qty) c);
+    IF cardinality(got) > 0 THEN
         INSERT INTO conveyor.receive_attempts AS r (queue_id, attempt_id, message_ids, receive_counts, expires_at)
-        SELECT q.id, message_receive_attempt.attempt_id, array_agg(g.id ORDER BY g.id),
-               array_agg(g.receive_count ORDER BY g.id), now() + interval '5 minutes'
-          FROM unnest(got) g
+        SELECT q.id, message_receive_attempt.attempt_id, array_agg(g.id ORDER BY g.ordinality),
+               array_agg(g.receive_count ORDER BY g.ordinality), now() + interval '5 minutes'
+          FROM unnest(got) WITH ORDINALITY AS g
         ON CONFLICT ON CONSTRAINT receive_attempts_pkey DO UPDATE
            SET message_ids = excluded.message_ids, receive_counts = excluded.receive_counts,
                expires_at = excluded.expires_at;
@@ -303,11 +309,12 @@ END $$;
 -- generic plans (migration 0014; see _message_plans)
 ALTER FUNCTION conveyor.message_fail(text,bigint,text,integer) SET plan_cache_mode = force_generic_plan;
 
--- Receives up to qty messages in group order (see above) and hides them for vt seconds
--- (the queue's visibility timeout when NULL).
+-- Receives up to qty messages in group order and hides them for vt seconds (the queue's
+-- visibility timeout when NULL): a standard queue's grouped claim comes back group by
+-- group (the group of the oldest message first), each group's messages in order.
 CREATE OR REPLACE FUNCTION conveyor.message_receive_fifo(queue_name text, vt integer DEFAULT NULL, qty integer DEFAULT 1)
 RETURNS SETOF conveyor.messages
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     q conveyor.queues := conveyor._queue(queue_name);
     vt_seconds integer := coalesce(vt, q.visibility_timeout);
@@ -322,7 +329,8 @@ BEGIN
     IF qty IS NULL OR qty < 1 OR qty > 1000 THEN
         PERFORM conveyor._raise('CVV01', format('qty must be from 1 to 1000, got %s', qty));
     END IF;
-    RETURN QUERY SELECT * FROM conveyor._claim_grouped(q, vt_seconds, qty);
+    RETURN QUERY SELECT * FROM conveyor._claim_grouped(q, vt_seconds, qty) c
+                  ORDER BY min(c.id) OVER (PARTITION BY coalesce(c.group_id, '')), c.id;
 END $$;
 
 -- generic plans (migration 0014; see _message_plans)
@@ -382,9 +390,11 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
             || lpad(to_hex((id # ('x' || right(seed, 12))::bit(48)::bigint) & 281474976710655), 12, '0'))::uuid
 $$;
 
--- 0001's conveyor._send with the statement's seed; nothing else changes. The standard
--- insert draws its ids in a subquery ordered by input position (volatile expressions
--- are evaluated after the sort), so that the UUID can be made from the id.
+-- Inserts a statement's messages; each MessageId is made from the statement's seed and the
+-- message's id (_message_uuid). The standard insert draws its ids in a subquery ordered by
+-- input position (volatile expressions are evaluated after the sort), so that the UUID can
+-- be made from the id. The deduplication window is keyed by _dedup_key (the message keeps
+-- its deduplication id as given).
 CREATE OR REPLACE FUNCTION conveyor._send(q conveyor.queues, messages jsonb) RETURNS SETOF conveyor.sent
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -393,6 +403,7 @@ DECLARE
     mid bigint;
     muid uuid;
     did text;
+    dkey text;
     ts timestamptz := now();
     seed text := gen_random_uuid()::text;
 BEGIN
@@ -450,10 +461,11 @@ BEGIN
         IF did !~ '^[!-~]{1,128}$' THEN
             PERFORM conveyor._raise('CVV01', 'a dedup_id is 1 to 128 printable ASCII characters');
         END IF;
+        dkey := conveyor._dedup_key(q, m.group_id, did);
         mid := nextval(q.seq);
         muid := coalesce(m.message_uuid, conveyor._message_uuid(seed, mid));
         INSERT INTO conveyor.dedup AS d (queue_id, dedup_id, message_id, message_uuid, expires_at)
-        VALUES (q.id, did, mid, muid, ts + interval '5 minutes')
+        VALUES (q.id, dkey, mid, muid, ts + interval '5 minutes')
         ON CONFLICT (queue_id, dedup_id) DO UPDATE
            SET message_id = excluded.message_id, message_uuid = excluded.message_uuid,
                expires_at = excluded.expires_at
@@ -462,7 +474,7 @@ BEGIN
         IF mid IS NULL THEN
             -- a duplicate within the window: accepted, not stored again, answered as the first
             RETURN QUERY SELECT d.message_id, d.message_uuid
-                           FROM conveyor.dedup d WHERE d.queue_id = q.id AND d.dedup_id = did;
+                           FROM conveyor.dedup d WHERE d.queue_id = q.id AND d.dedup_id = dkey;
             CONTINUE;
         END IF;
         -- DO UPDATE, not DO NOTHING: it locks the group row, so a concurrent clean-up
@@ -602,19 +614,20 @@ BEGIN
     END IF;
 END $$;
 
--- The oldest messages of a group are read by the group index in id order, a LIMIT at a
--- time. Without statistics (a table filled since its last ANALYZE) a generic plan expects a
--- handful of rows per group and prefers a bitmap scan of the whole group, sorted; so the
--- two group claims run without bitmap scans (a SET clause: for the claim and what it calls,
--- such as _dead_letter, whose statements go by key anyway), which leaves the ordered index
--- scan as the plan (tests/sql/test_plans.py).
---
--- Claims up to qty messages of a FIFO queue: only from groups with nothing in flight, in
--- id order within each group. Two statements choose the groups (0001 says why): the first
--- locks the group rows (concurrent receivers skip them), the second sees, with a snapshot
--- taken after the locks were granted, whether a receiver that just committed left messages
--- of the group in flight. Groups are taken oldest visible message first. The candidates
--- are split as in 0019 (max_receive_count).
+-- Claims up to qty messages of a FIFO queue, the group lock following visibility. The
+-- oldest messages of a group are read by the group index in id order, a LIMIT at a time
+-- (the claim runs without bitmap scans, a SET clause, so a generic plan without
+-- statistics keeps the ordered index scan: tests/sql/test_plans.py). The groups: those whose first
+-- message is visible, one probe of the group index each, oldest visibility first, their
+-- rows locked (concurrent receivers skip them: one group, one receiver at a time). Then,
+-- in a statement whose snapshot is taken after those locks were granted (a receiver that
+-- just committed is seen), each chosen group's first messages in id order, cut at the
+-- first that is not visible (reading at most the receive's qty per group, never the whole
+-- group); the candidates are locked FOR UPDATE SKIP LOCKED, and a group's candidates stop
+-- at the first one another transaction holds (a delete or a change of visibility under
+-- way: what it leaves is not known yet, and waiting for it could deadlock with a purge,
+-- which holds the messages and then waits for the group rows). The candidates are split
+-- as in 0019 (max_receive_count); the rows come back in the claim's order, group by group.
 CREATE OR REPLACE FUNCTION conveyor._claim_fifo(q conveyor.queues, vt_seconds integer, qty integer)
 RETURNS SETOF conveyor.messages
 LANGUAGE plpgsql SET enable_bitmapscan = off AS $$
@@ -625,59 +638,68 @@ DECLARE
     taken bigint[] := '{}';
     picked bigint[];
     expired bigint[];
-    n integer;
+    got conveyor.messages[] := '{}';
+    more conveyor.messages[];
 BEGIN
-    SELECT array_agg(x.group_id ORDER BY x.head) INTO groups FROM (
-        SELECT g.group_id, h.id AS head FROM conveyor.message_groups g
-         CROSS JOIN LATERAL (SELECT m.id FROM conveyor.messages m
-                              WHERE m.queue_id = q.id AND m.group_id = g.group_id AND m.vt <= ts
+    SELECT array_agg(x.group_id ORDER BY x.vt, x.id) INTO groups FROM (
+        SELECT g.group_id, h.vt, h.id FROM conveyor.message_groups g
+         CROSS JOIN LATERAL (SELECT m.id, m.vt FROM conveyor.messages m
+                              WHERE m.queue_id = q.id AND m.group_id = g.group_id
                               ORDER BY m.id LIMIT 1) h
-         WHERE g.queue_id = q.id
-           AND NOT EXISTS (SELECT 1 FROM conveyor.messages m
-                            WHERE m.queue_id = q.id AND m.group_id = g.group_id
-                              AND m.receive_count > 0 AND m.vt > ts)
-         ORDER BY h.id
+         WHERE g.queue_id = q.id AND h.vt <= ts
+         ORDER BY h.vt, h.id
          LIMIT qty
          FOR UPDATE OF g SKIP LOCKED) x;
     IF groups IS NULL THEN
         RETURN;
     END IF;
-    ts := clock_timestamp();
-    SELECT array_agg(g ORDER BY k) INTO groups FROM unnest(groups) WITH ORDINALITY AS u(g, k)
-     WHERE NOT EXISTS (SELECT 1 FROM conveyor.messages m
-                        WHERE m.queue_id = q.id AND m.group_id = u.g
-                          AND m.receive_count > 0 AND m.vt > ts);
-    IF groups IS NULL THEN
-        RETURN;
-    END IF;
     FOR i IN 1 .. 10 LOOP  -- as in _claim (0019)
-        SELECT array_agg(c.id) FILTER (WHERE q.max_receive_count IS NULL OR c.receive_count < q.max_receive_count),
-               array_agg(c.id) FILTER (WHERE c.receive_count >= q.max_receive_count)
+        ts := clock_timestamp();
+        WITH candidates AS MATERIALIZED (
+            -- each group's visible messages up to its first invisible one, in claim order
+            SELECT u.k, c.id, c.receive_count FROM unnest(groups) WITH ORDINALITY AS u(g, k)
+             CROSS JOIN LATERAL (
+                 SELECT p.id, p.receive_count FROM (
+                     SELECT f.id, f.receive_count, bool_and(f.vt <= ts) OVER (ORDER BY f.id) AS open
+                       FROM (SELECT m.id, m.receive_count, m.vt FROM conveyor.messages m
+                              WHERE m.queue_id = q.id AND m.group_id = u.g AND m.id <> ALL (taken)
+                              ORDER BY m.id LIMIT wanted) f) p
+                  WHERE p.open) c
+             LIMIT wanted
+        ), locked AS (
+            SELECT m.id FROM conveyor.messages m
+             WHERE m.queue_id = q.id AND m.id = ANY (ARRAY(SELECT c.id FROM candidates c)) AND m.vt <= ts
+               FOR UPDATE SKIP LOCKED
+        ), ours AS (
+            SELECT c.k, c.id, c.receive_count,
+                   bool_and(l.id IS NOT NULL) OVER (PARTITION BY c.k ORDER BY c.id) AS held
+              FROM candidates c LEFT JOIN locked l ON l.id = c.id
+        )
+        SELECT array_agg(o.id ORDER BY o.k, o.id)
+                   FILTER (WHERE q.max_receive_count IS NULL OR o.receive_count < q.max_receive_count),
+               array_agg(o.id) FILTER (WHERE o.receive_count >= q.max_receive_count)
           INTO picked, expired
-          FROM (SELECT c.id, c.receive_count FROM unnest(groups) AS u(g)
-                 CROSS JOIN LATERAL (SELECT m.id, m.receive_count FROM conveyor.messages m
-                                      WHERE m.queue_id = q.id AND m.group_id = u.g AND m.vt <= ts
-                                        AND m.id <> ALL (taken)
-                                      ORDER BY m.id LIMIT wanted
-                                      FOR UPDATE SKIP LOCKED) c
-                 LIMIT wanted) c;
+          FROM ours o WHERE o.held;
         IF expired IS NOT NULL THEN
             PERFORM conveyor._dead_letter(q, expired, conveyor._receive_limit_reason(q.max_receive_count));
         END IF;
         IF picked IS NOT NULL THEN
-            RETURN QUERY
-            UPDATE conveyor.messages m
-               SET vt = ts + make_interval(secs => vt_seconds),
-                   receive_count = m.receive_count + 1,
-                   first_received_at = coalesce(m.first_received_at, ts)
-             WHERE m.queue_id = q.id AND m.id = ANY (picked)
-            RETURNING m.*;
-            GET DIAGNOSTICS n = ROW_COUNT;
-            wanted := wanted - n;
+            WITH claimed AS (
+                UPDATE conveyor.messages m
+                   SET vt = ts + make_interval(secs => vt_seconds),
+                       receive_count = m.receive_count + 1,
+                       first_received_at = coalesce(m.first_received_at, ts)
+                 WHERE m.queue_id = q.id AND m.id = ANY (picked)
+                RETURNING m.*
+            )
+            SELECT array_agg(c::conveyor.messages) INTO more FROM claimed c;
+            got := got || coalesce(more, '{}');
+            wanted := wanted - coalesce(cardinality(more), 0);
             taken := taken || picked;
         END IF;
         EXIT WHEN expired IS NULL OR wanted <= 0;
     END LOOP;
+    RETURN QUERY SELECT * FROM unnest(got) m ORDER BY array_position(groups, m.group_id), m.id;
 END $$;
 
 -- Claims up to qty messages of a standard queue in group order (0008; messages without a
@@ -883,6 +905,49 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT;
     END IF;
     RETURN n;
+END $$;
+
+-- Deletes the messages still at the given deliveries and still in flight (received, and
+-- invisible until after now); returns, for each message given that still exists, whether
+-- it was deleted or its delivery is over (its visibility ran out, or it was received again
+-- since). An SQS DeleteMessage on a FIFO queue, where a handle acts only while its
+-- visibility lasts. Messages by primary key, as every acknowledgement (0020).
+CREATE OR REPLACE FUNCTION conveyor.message_delete_in_flight(queue_name text, ids bigint[], receive_counts integer[])
+RETURNS TABLE (id bigint, deleted boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    q conveyor.queues := conveyor._queue(queue_name);
+    ts timestamptz := clock_timestamp();
+BEGIN
+    PERFORM conveyor._deliveries_check(ids, receive_counts);
+    RETURN QUERY
+    WITH gone AS (
+        DELETE FROM conveyor.messages m
+         USING unnest(ids, receive_counts) AS d(id, rc)
+         WHERE m.queue_id = q.id AND m.id = ANY (ids)
+           AND m.id = d.id AND (d.rc IS NULL OR m.receive_count = d.rc) AND m.vt > ts AND m.receive_count > 0
+        RETURNING m.id
+    )
+    SELECT g.id, true FROM gone g
+    UNION ALL
+    SELECT m.id, false FROM conveyor.messages m
+     WHERE m.queue_id = q.id AND m.id = ANY (ids) AND m.id NOT IN (SELECT g.id FROM gone g);
+END $$;
+
+-- The key of a FIFO message's deduplication id in conveyor.dedup: the id itself, or under
+-- group scope (extra_attributes "dedup_scope": "group", SQS's DeduplicationScope
+-- messageGroup) the group and the id.
+CREATE OR REPLACE FUNCTION conveyor._dedup_key(q conveyor.queues, group_id text, dedup_id text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN q.extra_attributes ->> 'dedup_scope' = 'group' THEN group_id || ' ' || dedup_id
+                ELSE dedup_id END
+$$;
+
+DO $$
+BEGIN
+    GRANT EXECUTE ON FUNCTION conveyor.message_delete_in_flight(text, bigint[], integer[]) TO conveyor_writer;
+EXCEPTION WHEN undefined_object THEN
+    RAISE WARNING 'conveyor: roles missing, grants skipped (%)', SQLERRM;
 END $$;
 
 REVOKE ALL ON ALL ROUTINES IN SCHEMA conveyor FROM PUBLIC;
