@@ -36,6 +36,7 @@ Conveyor did not create) is in the database.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import logging
 import re
@@ -52,7 +53,7 @@ from conveyor.settings import DIALECTS
 
 log = logging.getLogger(__name__)
 
-_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql(?:\.gz)?$")  # .gz: history (docs/architecture.md)
 _FUNCTIONS_FILE = re.compile(r"^(\d{2})_([a-z0-9_]+)\.sql$")
 _LOCK_KEY = 7306554611  # arbitrary constant: "conveyor migrate"
 
@@ -125,7 +126,9 @@ def _files(folder: Traversable, pattern: re.Pattern[str], dialect: str | None, k
     for entry in folder.iterdir() if folder.is_dir() else ():
         match = pattern.match(entry.name)
         if match:
-            found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8"), dialect, kind))
+            text = (gzip.decompress(entry.read_bytes()).decode("utf-8") if entry.name.endswith(".gz")
+                    else entry.read_text("utf-8"))
+            found.append(Migration(int(match[1]), match[2], text, dialect, kind))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
