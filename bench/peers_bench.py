@@ -419,7 +419,7 @@ class Nats:
             async def op() -> tuple[int, int]:
                 try:
                     got = await sub.fetch(10, timeout=0.2)
-                except nats.errors.TimeoutError:
+                except (nats.errors.TimeoutError, TimeoutError):
                     return 0, 1
                 for m in got:
                     await m.ack()
@@ -492,7 +492,9 @@ async def measure(args: argparse.Namespace, server: Child | None, dsn: str) -> d
                         cells.setdefault((name, clients, row), []).append(cell)
                         print(f"  x{clients:<3} #{repeat + 1} {ROW_NAMES[row]:<17} {name:<14} {cell.rate:8.0f} msg/s "
                               f"{server_us(cell):7.0f} us server CPU/msg"
-                              f"{' drained' if cell.drained else ''}{f' ERRORS {cell.errors}' if cell.errors else ''}",
+                              + (f" (PostgreSQL {cell.cpu['postgres'] / cell.messages * 1e6:.0f})"
+                                 if "postgres" in cell.cpu and cell.messages > 0 else "")
+                              + f"{' drained' if cell.drained else ''}{f' ERRORS {cell.errors}' if cell.errors else ''}",
                               flush=True)
     return cells
 
