@@ -9,6 +9,8 @@ Per operation it prints the requests/s reached, the server's and its PostgreSQL 
 CPU per request (/proc), and the server's CPU split into layers, in us per request (the
 share of samples times the server's CPU per request). py-spy (pip: py-spy) samples without
 stopping the process (--nonblocking), so the split is statistical: a few percent per layer.
+Samples in uvloop's C code (no Python frame of their own) may include moments the process
+was runnable but waiting for a core on a busy machine: read that line as an upper bound.
 Creates and drops database conveyor_profile_bench on CONVEYOR_BENCH_DATABASE_URL.
 """
 
@@ -60,6 +62,7 @@ LAYERS = [
 
 LOOP = LAYERS[-1]
 IN_LOOP = ("Runner.run (asyncio/runners.py:118)",)
+IN_LOOP_NAME = "uvloop's C code: socket I/O, polling, callbacks"
 
 
 def layer_of(stack: str) -> str:
@@ -187,17 +190,14 @@ def profile(server: Child, dsn: str, op: str, args: argparse.Namespace, pyspy: s
     counts: collections.Counter[str] = collections.Counter()
     for line in out.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
-        # a sample whose innermost Python frame is the loop's run is in uvloop's own C code:
-        # polling (idle included: py-spy cannot tell), syscalls, callbacks; left to the rest
-        if stack and n.isdigit() and not stack.endswith(IN_LOOP):
-            counts[layer_of(stack)] += int(n)
-    per_request = 1e6 / args.rate / requests  # us of CPU that one sample stands for, per request
+        if stack and n.isdigit():
+            # a sample whose innermost Python frame is the loop's run is in uvloop's C code
+            counts[IN_LOOP_NAME if stack.endswith(IN_LOOP) else layer_of(stack)] += int(n)
+    total = sum(counts.values()) or 1
     print(f"\n{op}: {requests / took:,.0f} requests/s ({args.clients} clients); CPU per request: server "
-          f"{server_us:,.0f} us, PostgreSQL backends {pg_us:,.0f} us", flush=True)
+          f"{server_us:,.0f} us, PostgreSQL backends {pg_us:,.0f} us; {total} samples", flush=True)
     for name, n in counts.most_common():
-        print(f"  {name:<58} {n * per_request:7.0f} us")
-    rest = server_us - sum(counts.values()) * per_request
-    print(f"  {'the loop in C: I/O syscalls, polling, callbacks (the rest)':<58} {rest:7.0f} us")
+        print(f"  {name:<58} {n / total:6.1%} {n / total * server_us:7.0f} us")
 
 
 def main() -> None:

@@ -32,14 +32,18 @@ DATABASE = "conveyor_sql_call_bench"
 BODY = "x" * 100
 ONE = f'[{{"body": "{BODY}"}}]'
 TEN = "[" + ", ".join([f'{{"body": "{BODY}"}}'] * 10) + "]"
-PUSH1 = f'[{{"queue": "pq", "partition": "p0", "payload": {{"note": "{BODY}"}}}}]'
+# a push to one of 64 partitions (as bench/queen_bench.py and peers_bench.py push): pushes to
+# one partition take turns on its row lock
+PUSH1 = ("\\set p random(0, 63)\n"
+         f"SELECT conveyor.pqueue_push(('[{{\"queue\": \"pq\", \"partition\": \"p' || :p || '\", "
+         f"\"payload\": {{\"note\": \"{BODY}\"}}}}]')::jsonb);")
 SCRIPTS = {  # name: (messages per call, script)
     "SELECT 1 (a round trip, no write)": (1, "SELECT 1;"),
     "raw INSERT, 1 row": (1, f"INSERT INTO bench_raw (body) VALUES ('{BODY}');"),
     "message_send_json, 1 message": (1, f"SELECT count(*) FROM conveyor.message_send_json('pgb', '{ONE}');"),
     "raw INSERT, 10 rows": (10, "INSERT INTO bench_raw (body) VALUES " + ", ".join([f"('{BODY}')"] * 10) + ";"),
     "message_send_json, 10 messages": (10, f"SELECT count(*) FROM conveyor.message_send_json('pgb', '{TEN}');"),
-    "pqueue_push, 1 item": (1, f"SELECT conveyor.pqueue_push('{PUSH1}');"),
+    "pqueue_push, 1 item (64 partitions)": (1, PUSH1),
 }
 
 
