@@ -37,6 +37,15 @@ TEN = "[" + ", ".join([f'{{"body": "{BODY}"}}'] * 10) + "]"
 PUSH1 = ("\\set p random(0, 63)\n"
          f"SELECT conveyor.pqueue_push(('[{{\"queue\": \"pq\", \"partition\": \"p' || :p || '\", "
          f"\"payload\": {{\"note\": \"{BODY}\"}}}}]')::jsonb);")
+RECEIVE_DELETE = """SELECT array_agg(id)::text AS ids, array_agg(receive_count)::text AS rcs
+  FROM conveyor.message_receive('pgr', 30, 10) \\gset
+SELECT count(*) FROM conveyor.message_delete('pgr', :ids::bigint[], :rcs::integer[]);"""
+RAW_RECEIVE_DELETE = """WITH c AS (
+    UPDATE bench_raw SET vt = now() + interval '30 seconds', receive_count = receive_count + 1
+     WHERE id IN (SELECT id FROM bench_raw WHERE vt <= now() ORDER BY vt, id LIMIT 10 FOR UPDATE SKIP LOCKED)
+    RETURNING id)
+SELECT array_agg(id)::text AS ids FROM c \\gset
+DELETE FROM bench_raw WHERE id = ANY (:ids::bigint[]);"""
 SCRIPTS = {  # name: (messages per call, script)
     "SELECT 1 (a round trip, no write)": (1, "SELECT 1;"),
     "raw INSERT, 1 row": (1, f"INSERT INTO bench_raw (body) VALUES ('{BODY}');"),
@@ -44,6 +53,9 @@ SCRIPTS = {  # name: (messages per call, script)
     "raw INSERT, 10 rows": (10, "INSERT INTO bench_raw (body) VALUES " + ", ".join([f"('{BODY}')"] * 10) + ";"),
     "message_send_json, 10 messages": (10, f"SELECT count(*) FROM conveyor.message_send_json('pgb', '{TEN}');"),
     "pqueue_push, 1 item (64 partitions)": (1, PUSH1),
+    # a pair per transaction of the script (two calls): receive 10, then delete what came
+    "message_receive 10 + message_delete": (10, RECEIVE_DELETE),
+    "raw UPDATE ... SKIP LOCKED 10 + DELETE": (10, RAW_RECEIVE_DELETE),
 }
 
 
@@ -52,6 +64,8 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--seconds", type=float, default=5)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--backlog", type=int, default=300_000, help="messages waiting for the receive scripts")
+    p.add_argument("--only", nargs="+", help="run only the scripts whose names start with these")
     args = p.parse_args()
     pgbench = shutil.which("pgbench") or str(next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench")))))
     dsn = shared.create_database(DATABASE, migrated=True)
@@ -62,9 +76,18 @@ def main() -> None:
             conn.execute("CREATE INDEX ON bench_raw (vt, id)")
             conn.execute("SELECT conveyor.queue_create('pgb')")
             conn.execute("SELECT conveyor.pqueue_configure('pq')")
+            # the receive scripts' backlog: enough for --repeat runs of --seconds
+            conn.execute("SELECT conveyor.queue_create('pgr')")
+            for _ in range(0, args.backlog, 10_000):  # a send holds at most 10,000
+                conn.execute("SELECT count(*) FROM conveyor.message_send_batch('pgr', array_fill(%s::text, "
+                             "ARRAY[10000]))", (BODY,))
+            conn.execute("INSERT INTO bench_raw (body) SELECT %s FROM generate_series(1, %s)", (BODY, args.backlog))
+            conn.execute("ANALYZE")
         results: dict[str, list[tuple[float, float]]] = {}
         for _ in range(args.repeat):
             for name, (_n, script) in SCRIPTS.items():
+                if args.only and not name.startswith(tuple(args.only)):
+                    continue
                 tps, cpu = run_polled(dsn, pgbench, name, script, args.clients, args.seconds)
                 results.setdefault(name, []).append((tps, cpu / (tps * args.seconds) * 1e6))
                 print(f"  {name:<36} {tps:8.0f} calls/s {cpu / (tps * args.seconds) * 1e6:6.0f} us/call", flush=True)
@@ -72,6 +95,8 @@ def main() -> None:
         print("| statement | calls/s | messages/s | backend CPU us per call | per message |")
         print("|---|---:|---:|---:|---:|")
         for name, (n, _) in SCRIPTS.items():
+            if name not in results:
+                continue
             tps = statistics.median(r[0] for r in results[name])
             us = statistics.median(r[1] for r in results[name])
             print(f"| {name} | {tps:,.0f} | {tps * n:,.0f} | {us:,.0f} | {us / n:,.0f} |")
