@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conveyor import settings
 from conveyor.settings import DEFAULT_WORKERS_CAP, Settings, usable_cores
 from support.server import ServerProcess
 
@@ -108,5 +109,6 @@ def test_usable_cores_honour_the_cgroup_cpu_quota(tmp_path, cpu_max, cap):
 def test_the_default_worker_count_is_capped(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(64)))
     assert usable_cores(Path("/nonexistent")) == 64
+    monkeypatch.setattr(settings, "usable_cores", lambda: 64)  # whatever this machine's cgroup says
     assert Settings().workers == DEFAULT_WORKERS_CAP
     assert Settings.from_env({"CONVEYOR_WORKERS": "3"}).workers == 3
