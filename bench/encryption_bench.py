@@ -167,7 +167,7 @@ def main() -> None:
     dsn = create_database()
     port = free_port()
     env = {**os.environ, "DATABASE_URL": dsn, "CONVEYOR_PORT": str(port), "CONVEYOR_AUTH": "header",
-           "CONVEYOR_LOG_LEVEL": "warning", "CONVEYOR_MAX_REQUESTS": "100000",
+           "CONVEYOR_LOG_LEVEL": "warning", "CONVEYOR_WORKERS": "1", "CONVEYOR_MAX_REQUESTS": "100000",
            "CONVEYOR_ENCRYPTION_KEY": crypto.Keyring.generate("bench")}
     server = Child("conveyor", [sys.executable, "-m", "conveyor", "serve"], env, port, quiet=False)
     try:

@@ -77,7 +77,7 @@ def start(dsn: str, env: dict[str, str]) -> Child:
     port = free_port()
     child = Child("conveyor", [sys.executable, "-m", "conveyor", "serve"],
                   {**os.environ, "DATABASE_URL": dsn, "CONVEYOR_PORT": str(port), "CONVEYOR_AUTH": "none",
-                   "CONVEYOR_LOG_LEVEL": "error", "CONVEYOR_POOL_MAX": "16", **env}, port, quiet=True)
+                   "CONVEYOR_LOG_LEVEL": "error", "CONVEYOR_WORKERS": "1", "CONVEYOR_POOL_MAX": "16", **env}, port, quiet=True)
     child.wait_ready("/livez")
     return child
 

@@ -84,7 +84,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "DATABASE_URL": dsn, "CONVEYOR_PORT": str(self.port), "CONVEYOR_AUTH": "none",
-               "CONVEYOR_FUSION": "true" if fusion else "false", "CONVEYOR_LOG_LEVEL": "warning",
+               "CONVEYOR_FUSION": "true" if fusion else "false", "CONVEYOR_LOG_LEVEL": "warning", "CONVEYOR_WORKERS": "1",
                "CONVEYOR_POOL_MAX": "16", **env_overrides}
         self.proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve"], env=env)
 

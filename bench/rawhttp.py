@@ -33,6 +33,8 @@ class _Connection:
         status = int(head[9:12])
         lower = head.lower()
         keep = b"\r\nconnection: close" not in lower and not head.startswith(b"HTTP/1.0")
+        if status in (204, 304):  # no body, and often no Content-Length either
+            return status, b"", keep
         at = lower.find(b"\r\ncontent-length:")
         if at < 0:
             return status, await self.reader.read(), False  # body until the server closes

@@ -151,6 +151,32 @@ def parse_tokens(spec: str) -> dict[str, str]:
     return tokens
 
 
+DEFAULT_WORKERS_CAP = 8  # the most server processes started without CONVEYOR_WORKERS
+
+
+def usable_cores(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may run on: its CPU affinity (taskset, cpusets), lowered to
+    a cgroup v2 CPU quota rounded up (a container's ``--cpus``, a Kubernetes CPU limit)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def default_workers() -> int:
+    """Server processes when CONVEYOR_WORKERS is not set: one per usable core, at most
+    DEFAULT_WORKERS_CAP (each holds a pool of up to CONVEYOR_POOL_MAX connections, and
+    eight of 16 already take 128 of PostgreSQL's connections)."""
+    return min(usable_cores(), DEFAULT_WORKERS_CAP)
+
+
 _ALLOW_HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\.?$")
 
 
@@ -175,7 +201,8 @@ class Settings:
     data_dir: Path | None = None
     host: str = "127.0.0.1"
     port: int = 9324
-    workers: int = 1  # server processes sharing the port (conveyor.server.run)
+    # server processes sharing the port (conveyor.server.run): one per usable core, capped
+    workers: int = field(default_factory=default_workers)
     pool_min: int = 2
     pool_max: int = 16
     migrate: bool = True

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conveyor.settings import Settings
+from conveyor import settings
+from conveyor.settings import DEFAULT_WORKERS_CAP, Settings, usable_cores
 from support.server import ServerProcess
 
 
@@ -82,3 +83,32 @@ def test_a_worker_that_dies_stops_the_others_and_the_server_fails(dsn):
 def test_workers_out_of_range_are_refused(workers):
     with pytest.raises(ValueError, match="workers must be from 1 to 64"):
         Settings(workers=workers)
+
+
+def test_without_a_setting_the_server_runs_one_worker_per_usable_core(dsn):
+    expected = min(usable_cores(), DEFAULT_WORKERS_CAP)
+    assert Settings().workers == Settings.from_env({}).workers == expected
+    server = ServerProcess(dsn, env={"CONVEYOR_WORKERS": ""}).start()  # empty: not set
+    try:
+        # one worker is the parent process itself; more are its children
+        assert len(_children(server.proc.pid)) == (expected if expected > 1 else 0)
+        assert server.terminate() == 0
+    finally:
+        server.kill()
+
+
+@pytest.mark.parametrize(("cpu_max", "cap"), [("max 100000\n", None), ("150000 100000\n", 2),
+                                               ("50000 100000\n", 1), ("garbage\n", None)])
+def test_usable_cores_honour_the_cgroup_cpu_quota(tmp_path, cpu_max, cap):
+    affinity = len(os.sched_getaffinity(0))
+    (tmp_path / "cpu.max").write_text(cpu_max)
+    assert usable_cores(tmp_path / "cpu.max") == (affinity if cap is None else min(affinity, cap))
+    assert usable_cores(tmp_path / "missing") == affinity
+
+
+def test_the_default_worker_count_is_capped(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(64)))
+    assert usable_cores(Path("/nonexistent")) == 64
+    monkeypatch.setattr(settings, "usable_cores", lambda: 64)  # whatever this machine's cgroup says
+    assert Settings().workers == DEFAULT_WORKERS_CAP
+    assert Settings.from_env({"CONVEYOR_WORKERS": "3"}).workers == 3

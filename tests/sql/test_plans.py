@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -328,3 +329,21 @@ def test_hot_calls_read_a_bounded_number_of_rows_per_message_whatever_the_backlo
         assert handled > 0, f"{call} handled nothing: the test is not testing"
         assert read <= PER_CALL + PER_MESSAGE * handled, (
             f"{call}: {read} index entries and rows read for {handled} messages, with {BACKLOG} waiting")
+
+
+async def test_the_per_message_checks_are_planned_once_per_session(conn):
+    """conveyor._message_ok runs for every message of every send, inlined into the INSERT.
+    A LANGUAGE sql function it calls that cannot be inlined (one with a subquery) would be
+    planned again on every execution of the send (0022's _headers_size did: ~60 us of
+    PostgreSQL CPU per call, headers or not), so every helper it calls is plpgsql (plans
+    kept for the session) or a plain SQL expression that inlines."""
+    cur = await conn.execute("SELECT prosrc FROM pg_proc WHERE oid = 'conveyor._message_ok'::regproc")
+    body = (await cur.fetchone())[0]
+    helpers = sorted(set(re.findall(r"conveyor\.(_\w+)\(", body)))
+    assert "_headers_size" in helpers
+    for name in helpers:
+        cur = await conn.execute("SELECT l.lanname, p.prosrc FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+                                 "WHERE p.oid = %s::regproc", (f"conveyor.{name}",))
+        language, source = await cur.fetchone()
+        assert language == "plpgsql" or (language == "sql" and not re.search(r"\bfrom\b", source, re.I)), \
+            f"conveyor.{name} ({language}) is planned on every call of a send"

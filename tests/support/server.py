@@ -35,7 +35,10 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "DATABASE_URL": database_url, "CONVEYOR_PORT": str(self.port),
-                    "CONVEYOR_HOST": "127.0.0.1", "CONVEYOR_LOG_LEVEL": "warning", **(env or {})}
+                    "CONVEYOR_HOST": "127.0.0.1", "CONVEYOR_LOG_LEVEL": "warning",
+                    # one process unless a test asks for more (--workers): counters, logs and
+                    # in-process state are then those of the one server the test talks to
+                    "CONVEYOR_WORKERS": "1", **(env or {})}
         self.args = args or []
         self.proc: subprocess.Popen[bytes] | None = None
         # a file, not a pipe: a pipe nobody reads fills up (64 KiB of logged errors) and

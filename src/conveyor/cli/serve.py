@@ -23,7 +23,8 @@ log = logging.getLogger("conveyor.serve")
                    "(it is at /hq on every port); installs the hq dialect [env CONVEYOR_HQ_PORT].")
 @click.option("--workers", envvar="CONVEYOR_WORKERS", type=int, default=None,
               help="Server processes sharing the port, one per core to use "
-                   "[env CONVEYOR_WORKERS; default 1].")
+                   "[env CONVEYOR_WORKERS; default: one per core this process may use (affinity, "
+                   "cgroup CPU quota), at most 8].")
 @click.option("--auth", "auth_mode", envvar="CONVEYOR_AUTH", type=click.Choice(["none", "header", "token", "jwt"]),
               default=None, help="Authentication [env CONVEYOR_AUTH; default header: any Authorization header].")
 @click.option("--fusion/--no-fusion", default=None, help="Fuse concurrent sends into one SQL call [env CONVEYOR_FUSION].")

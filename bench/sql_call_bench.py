@@ -1,0 +1,137 @@
+"""What each SQL function of the hot path costs PostgreSQL per call, beside the raw
+statements that do the same writes: pgbench (prepared statements) runs each script for
+--seconds with --clients connections, and the CPU of those connections' backends is read
+from /proc (pg_stat_activity names them), so the other users of the server do not count.
+
+    ./bin/bench sql_call_bench.py [--clients 8] [--seconds 5] [--repeat 3]
+
+Prints, per script, transactions/s and backend CPU us per call and per message (median of
+--repeat runs, the scripts taking turns). Creates and drops database conveyor_sql_call_bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+from psycopg import conninfo
+
+sys.path.insert(0, str(Path(__file__).parent))
+import sqs_bench as shared
+from peers_bench import _cpu
+
+DATABASE = "conveyor_sql_call_bench"
+BODY = "x" * 100
+ONE = f'[{{"body": "{BODY}"}}]'
+TEN = "[" + ", ".join([f'{{"body": "{BODY}"}}'] * 10) + "]"
+# a push to one of 64 partitions (as bench/queen_bench.py and peers_bench.py push): pushes to
+# one partition take turns on its row lock
+PUSH1 = ("\\set p random(0, 63)\n"
+         f"SELECT conveyor.pqueue_push(('[{{\"queue\": \"pq\", \"partition\": \"p' || :p || '\", "
+         f"\"payload\": {{\"note\": \"{BODY}\"}}}}]')::jsonb);")
+RECEIVE_DELETE = """SELECT array_agg(id)::text AS ids, array_agg(receive_count)::text AS rcs
+  FROM conveyor.message_receive('pgr', 30, 10) \\gset
+SELECT count(*) FROM conveyor.message_delete('pgr', :ids::bigint[], :rcs::integer[]);"""
+RAW_RECEIVE_DELETE = """WITH c AS (
+    UPDATE bench_raw SET vt = now() + interval '30 seconds', receive_count = receive_count + 1
+     WHERE id IN (SELECT id FROM bench_raw WHERE vt <= now() ORDER BY vt, id LIMIT 10 FOR UPDATE SKIP LOCKED)
+    RETURNING id)
+SELECT array_agg(id)::text AS ids FROM c \\gset
+DELETE FROM bench_raw WHERE id = ANY (:ids::bigint[]);"""
+SCRIPTS = {  # name: (messages per call, script)
+    "SELECT 1 (a round trip, no write)": (1, "SELECT 1;"),
+    "raw INSERT, 1 row": (1, f"INSERT INTO bench_raw (body) VALUES ('{BODY}');"),
+    "message_send_json, 1 message": (1, f"SELECT count(*) FROM conveyor.message_send_json('pgb', '{ONE}');"),
+    "raw INSERT, 10 rows": (10, "INSERT INTO bench_raw (body) VALUES " + ", ".join([f"('{BODY}')"] * 10) + ";"),
+    "message_send_json, 10 messages": (10, f"SELECT count(*) FROM conveyor.message_send_json('pgb', '{TEN}');"),
+    "pqueue_push, 1 item (64 partitions)": (1, PUSH1),
+    # a pair per transaction of the script (two calls): receive 10, then delete what came
+    "message_receive 10 + message_delete": (10, RECEIVE_DELETE),
+    "raw UPDATE ... SKIP LOCKED 10 + DELETE": (10, RAW_RECEIVE_DELETE),
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=5)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--backlog", type=int, default=300_000, help="messages waiting for the receive scripts")
+    p.add_argument("--only", nargs="+", help="run only the scripts whose names start with these")
+    args = p.parse_args()
+    pgbench = shutil.which("pgbench") or str(next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench")))))
+    dsn = shared.create_database(DATABASE, migrated=True)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE bench_raw (id bigserial PRIMARY KEY, vt timestamptz NOT NULL DEFAULT now(), "
+                         "receive_count int NOT NULL DEFAULT 0, body text NOT NULL)")
+            conn.execute("CREATE INDEX ON bench_raw (vt, id)")
+            conn.execute("SELECT conveyor.queue_create('pgb')")
+            conn.execute("SELECT conveyor.pqueue_configure('pq')")
+            # the receive scripts' backlog: enough for --repeat runs of --seconds
+            conn.execute("SELECT conveyor.queue_create('pgr')")
+            for _ in range(0, args.backlog, 10_000):  # a send holds at most 10,000
+                conn.execute("SELECT count(*) FROM conveyor.message_send_batch('pgr', array_fill(%s::text, "
+                             "ARRAY[10000]))", (BODY,))
+            conn.execute("INSERT INTO bench_raw (body) SELECT %s FROM generate_series(1, %s)", (BODY, args.backlog))
+            conn.execute("ANALYZE")
+        results: dict[str, list[tuple[float, float]]] = {}
+        for _ in range(args.repeat):
+            for name, (_n, script) in SCRIPTS.items():
+                if args.only and not name.startswith(tuple(args.only)):
+                    continue
+                tps, cpu = run_polled(dsn, pgbench, name, script, args.clients, args.seconds)
+                results.setdefault(name, []).append((tps, cpu / (tps * args.seconds) * 1e6))
+                print(f"  {name:<36} {tps:8.0f} calls/s {cpu / (tps * args.seconds) * 1e6:6.0f} us/call", flush=True)
+        print(f"\n{args.clients} clients, medians of {args.repeat} runs of {args.seconds:g}s\n")
+        print("| statement | calls/s | messages/s | backend CPU us per call | per message |")
+        print("|---|---:|---:|---:|---:|")
+        for name, (n, _) in SCRIPTS.items():
+            if name not in results:
+                continue
+            tps = statistics.median(r[0] for r in results[name])
+            us = statistics.median(r[1] for r in results[name])
+            print(f"| {name} | {tps:,.0f} | {tps * n:,.0f} | {us:,.0f} | {us / n:,.0f} |")
+    finally:
+        shared.drop_database(DATABASE)
+
+
+def run_polled(dsn: str, pgbench: str, name: str, script: str, clients: int, seconds: float) -> tuple[float, float]:
+    """As ``run``, reading the backends' CPU every 100 ms until pgbench ends (they exit
+    with it, so the last reading is at most 100 ms old: a few percent of a 5 s run)."""
+    params = conninfo.conninfo_to_dict(dsn)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(script + "\n")
+    argv = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", "2", "-T", str(int(seconds)),
+            "-h", str(params.get("host", "127.0.0.1")), "-p", str(params.get("port", 5432)),
+            "-U", str(params.get("user", "postgres")), "-f", f.name, DATABASE]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    with psycopg.connect(dsn, autocommit=True) as monitor:
+        while proc.poll() is None:
+            for (pid,) in monitor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                          "AND pid <> pg_backend_pid() AND application_name = 'pgbench'").fetchall():
+                cpu = _cpu(pid)
+                if cpu:
+                    first.setdefault(pid, cpu)
+                    last[pid] = cpu
+            time.sleep(0.1)
+    out, err = proc.communicate()
+    os.unlink(f.name)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pgbench {name}: {err.strip()}")
+    tps = float(next(line.split("=")[1].split()[0] for line in out.splitlines() if line.startswith("tps")))
+    return tps, sum(last[p] - first[p] for p in last)
+
+
+if __name__ == "__main__":
+    main()
