@@ -817,21 +817,27 @@ BEGIN
     END LOOP;
 END $$;
 
+-- The bytes of a message's headers as SQS counts them toward MaximumMessageSize (names,
+-- data types and values). plpgsql, not SQL: a SQL function with a subquery cannot be
+-- inlined into the send's INSERT and would be planned again on every call (migration 0025).
 CREATE OR REPLACE FUNCTION conveyor._headers_size(headers jsonb) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE
-        WHEN headers IS NULL OR headers = '{}'::jsonb THEN 0
-        WHEN jsonb_typeof(headers) <> 'object' THEN octet_length(headers::text)
-        ELSE (SELECT coalesce(sum(octet_length(h.key) + CASE
-                  WHEN jsonb_typeof(h.value) = 'object' AND jsonb_typeof(h.value -> 'DataType') = 'string' THEN
-                      octet_length(h.value ->> 'DataType') + CASE
-                          -- base64: three bytes per four characters, padding not counted
-                          WHEN h.value ? 'BinaryValue' THEN octet_length(rtrim(h.value ->> 'BinaryValue', '=')) * 3 / 4
-                          ELSE coalesce(octet_length(h.value ->> 'StringValue'), 0) END
-                  ELSE octet_length(h.value #>> '{}') END), 0)
-                FROM jsonb_each(headers) h)
-    END
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF headers IS NULL OR headers = '{}'::jsonb THEN
+        RETURN 0;
+    END IF;
+    IF jsonb_typeof(headers) <> 'object' THEN
+        RETURN octet_length(headers::text);
+    END IF;
+    RETURN (SELECT coalesce(sum(octet_length(h.key) + CASE
+                WHEN jsonb_typeof(h.value) = 'object' AND jsonb_typeof(h.value -> 'DataType') = 'string' THEN
+                    octet_length(h.value ->> 'DataType') + CASE
+                        -- base64: three bytes per four characters, padding not counted
+                        WHEN h.value ? 'BinaryValue' THEN octet_length(rtrim(h.value ->> 'BinaryValue', '=')) * 3 / 4
+                        ELSE coalesce(octet_length(h.value ->> 'StringValue'), 0) END
+                ELSE octet_length(h.value #>> '{}') END), 0)
+              FROM jsonb_each(headers) h);
+END $$;
 
 -- 0010's _message_ok; only the size of the headers changes.
 CREATE OR REPLACE FUNCTION conveyor._message_ok(q conveyor.queues, body text, headers jsonb, delay integer,

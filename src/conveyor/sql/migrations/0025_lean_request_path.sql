@@ -10,21 +10,7 @@
 -- path"). As plpgsql, the same computation keeps its plan for the session, and a message
 -- without headers (the common case) returns at the first test. The sizes are the same.
 
-CREATE OR REPLACE FUNCTION conveyor._headers_size(headers jsonb) RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    IF headers IS NULL OR headers = '{}'::jsonb THEN
-        RETURN 0;
-    END IF;
-    IF jsonb_typeof(headers) <> 'object' THEN
-        RETURN octet_length(headers::text);
-    END IF;
-    RETURN (SELECT coalesce(sum(octet_length(h.key) + CASE
-                WHEN jsonb_typeof(h.value) = 'object' AND jsonb_typeof(h.value -> 'DataType') = 'string' THEN
-                    octet_length(h.value ->> 'DataType') + CASE
-                        -- base64: three bytes per four characters, padding not counted
-                        WHEN h.value ? 'BinaryValue' THEN octet_length(rtrim(h.value ->> 'BinaryValue', '=')) * 3 / 4
-                        ELSE coalesce(octet_length(h.value ->> 'StringValue'), 0) END
-                ELSE octet_length(h.value #>> '{}') END), 0)
-              FROM jsonb_each(headers) h);
-END $$;
+--
+-- _headers_size stands in src/conveyor/sql/functions/15_messages.sql as it is now
+-- (docs/architecture.md, "Where each SQL function's current definition lives"); this
+-- change has no tables, indexes or data of its own.
