@@ -32,6 +32,14 @@ LANDED = {
     "0017_claim_by_key": "f1c22c5f8368fde6bc26e7784062dad131848d47cd11d016ab62ff0201d683b6",
     "0016_queue_storage_kinds": "0e391af8eb012df5fa2d1392090ca8aa181e6ff4c9a62c11b06ea6d1879e904f",
     "0018_statement_message_ids": "070a76b912e0177f7f2e7baef9dc64796ef0d078af52c94710b633072f078019",
+    "0019_receive_limit": "1ab61920f01cba3b6bda0327340e9051e307b840389aa40716a0fe88e627e6db",
+    "0020_flat_backlog": "ce112609f637441a2f523d3fdffa23f1e28ff6f634da03ec380894b63a01c953",
+    "0021_queen_lease_fencing_and_queue_creation": "a04f811be48f7893d40a86aaa0d5b57f76397b5482bcdc644b50aeff75371676",
+    "0022_aws_fidelity": "0506381e5fe4f3c0b162caeb580b3f2c43425a35fc962b9ad355877f51cbfdea",
+    "0023_stream_cooperative_members": "1fdc03eff1ea05b930c913d5610a2890c9b8a7bc98d7ff85f56af5a57acd0939",
+    "0024_fifo_semantics": "8f0db2cba65e42592c127443f042504a5f5f8a91caa42567937822e1df749ad1",
+    "0025_lean_request_path": "e6dc2c34d012f3874b706ddeba68e0ea066066455d2958ef3df93b6517dbfdc8",
+    "0026_delivery_policy": "001fe82a089fe92912b9b6ee25bd0ed1e93e2036c81cce46480b33fb1684d463",
 }
 LANDED_DIALECTS = {
     "pgmq/0001_pgmq": "195c507c3cb8ffbf696f0e7ce0eeebae0dc276d992ae16c3adee2627344c276d",
@@ -43,6 +51,10 @@ LANDED_DIALECTS = {
     "pgmq/0003_storage_kinds": "03f6004b1c6612d7d054761eb0b48313b81493de8fd11050883c462b949b7ed0",
     "pgmq/0004_statement_message_ids": "f87c2d808b7458abae3d66d2a828582ac6febf1e1ffbf225f4f00b49ea15a35a",
     "pgq/0003_trigger_queries": "0c0cd5ed6b73127f2a0c2f266675dc72c0f7fcb9f3ee1152b9abbc54894b766b",
+    "pgque/0002_cooperative_consumers": "43f1c73e804b2fd600d0173e75a0af4d669df8523012961b3527d2eb5040d6d4",
+    "pgq/0004_tables_and_raw_calls": "79bd55617dc212305409690344239fb1cc734f551d853e29ef8e7893ce1452f4",
+    "hq/0002_index_names": "0280b8f961138d8b025655293aadc5004a31317fa1c1d33b0c5d157db2336df7",
+    "pgmq/0005_whole_api": "0f2a68c053903bb522fca8dcbe52392f3ad40de4c912a5b5e29dcce726882af2",
 }
 
 
