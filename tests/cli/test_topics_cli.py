@@ -100,7 +100,7 @@ def test_deliveries(dsn):
         async with pool.connect(dsn) as conn:
             await ops.delivery_hold(conn, listed[0]["id"], "destination not allowed")
             for _ in range(5):
-                await ops.delivery_failed(conn, listed[1]["id"], "HTTP 503")
+                await ops.delivery_failed(conn, listed[1]["id"], "HTTP 503", 10, 5)  # five attempts in all
 
     asyncio.run(hold_and_exhaust())
     held = rows(ok(topics(dsn, "deliveries", "--state", "held")))
