@@ -1,7 +1,7 @@
 """Cost under a backlog: the hot calls' rates with 0 to 10M messages waiting, right after
 the burst that left them (tables never analyzed since) and again after ANALYZE.
 
-    ./bin/bench backlog_bench.py [--sizes 0 10000 100000 1000000] [--systems queue pgmq partitioned stream]
+    ./bin/bench backlog_bench.py [--sizes 0 10000 100000 1000000] [--systems queue fifo pgmq partitioned stream]
                                  [--where queue other] [--seconds 3] [--repeat 3] [--clients 8]
                                  [--before-src ../main/src]
 
@@ -17,6 +17,8 @@ then again after ANALYZE:
   queue        SELECT conveyor.message_send_json(q, <10 messages>)          "send"
                receive 10 (conveyor.message_receive, vt 300) and delete them
                by receipt (conveyor.message_delete(q, ids, receive_counts))  "receive+delete"
+  fifo         the same on a FIFO queue: 10 messages over 100 groups (distinct deduplication
+               ids); the backlog spread over those groups
   pgmq         pgmq.send_batch(q, <10 messages>); pgmq.read(q, 300, 10) and pgmq.delete(q, ids)
   partitioned  conveyor.pqueue_push(10 messages to one of 16 partitions); conveyor.pqueue_pop
                (any partition, batch 10) and conveyor.pqueue_ack of what it got
@@ -64,12 +66,18 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 BODY = "x" * 100
 TEN = json.dumps([{"body": BODY}] * 10)
 PARTITIONS = 16
+GROUPS = 100  # message groups of a FIFO queue (its backlog spread over them)
 TICK_EVERY = 5000
 
 # system -> (pgbench script; every statement is one row of the report)
 SCRIPTS = {
     "queue": f"""\
 SELECT count(*) FROM conveyor.message_send_json(:q, '{TEN}');
+WITH r AS MATERIALIZED (SELECT id, receive_count FROM conveyor.message_receive(:q, 300, 10)) SELECT count(*) FROM conveyor.message_delete(:q, ARRAY(SELECT id FROM r), ARRAY(SELECT receive_count FROM r));
+""",
+    "fifo": f"""\
+\\set n random(1, 1000000000)
+SELECT count(*) FROM conveyor.message_send_json(:q, (SELECT jsonb_agg(jsonb_build_object('body', '{BODY}', 'group_id', 'g' || ((:n + i) % {GROUPS}), 'dedup_id', :client_id || '-' || :n || '-' || i)) FROM generate_series(1, 10) i));
 WITH r AS MATERIALIZED (SELECT id, receive_count FROM conveyor.message_receive(:q, 300, 10)) SELECT count(*) FROM conveyor.message_delete(:q, ARRAY(SELECT id FROM r), ARRAY(SELECT receive_count FROM r));
 """,
     "pgmq": f"""\
@@ -86,7 +94,8 @@ SELECT count(*) FROM conveyor.stream_send_batch(:q, 't', array_fill('{BODY}'::te
 SELECT conveyor.stream_ack(b) FROM (SELECT max(batch_id) AS b FROM conveyor.stream_receive(:q, 'c' || :client_id::text, 100000)) x WHERE b IS NOT NULL;
 """,
 }
-ROWS = {"queue": ("send 10", "receive+delete 10"), "pgmq": ("send_batch 10", "read+delete 10"),
+ROWS = {"queue": ("send 10", "receive+delete 10"), "fifo": ("send 10 (FIFO)", "receive+delete 10 (FIFO)"),
+        "pgmq": ("send_batch 10", "read+delete 10"),
         "partitioned": ("push 10", "pop+ack 10"), "stream": ("append 10", "receive+ack (batch)")}
 
 
@@ -127,19 +136,26 @@ def _hold_autoanalyze(conn: psycopg.Connection) -> None:
 def prepare(dsn: str, system: str, backlog: int, where: str, clients: int) -> str:
     """Creates the cycle's target ('q') and the backlog's ('q' or 'other'), loads the backlog;
     returns the target's name."""
-    target = "q"
-    holder = "q" if where == "queue" else "other"
+    suffix = ".fifo" if system == "fifo" else ""
+    target = "q" + suffix
+    holder = target if where == "queue" else "other" + suffix
     with psycopg.connect(dsn, autocommit=True) as conn:
         run = conn.execute
         _hold_autoanalyze(conn)
-        if system in ("queue", "pgmq"):
+        if system in ("queue", "fifo", "pgmq"):
             for name in {target, holder}:
-                run("SELECT conveyor.queue_create(%s)" if system == "queue" else "SELECT pgmq.create(%s)", (name,))
-            run(f"""INSERT INTO conveyor.messages (queue_id, id, vt, sent_at, body, content_type)
-                    SELECT q.id, g, now(), now(), %s, %s FROM conveyor.queues q, generate_series(1, {backlog}) g
+                run("SELECT pgmq.create(%s)" if system == "pgmq" else "SELECT conveyor.queue_create(%s)", (name,))
+            groups = f"'g' || (g %% {GROUPS})" if system == "fifo" else "NULL"
+            run(f"""INSERT INTO conveyor.messages (queue_id, id, vt, sent_at, body, content_type, group_id)
+                    SELECT q.id, g, now(), now(), %s, %s, {groups} FROM conveyor.queues q,
+                           generate_series(1, {backlog}) g
                      WHERE q.name = %s""".encode(),
-                (BODY if system == "queue" else json.dumps({"body": BODY}),
-                 None if system == "queue" else "application/json", holder))
+                (json.dumps({"body": BODY}) if system == "pgmq" else BODY,
+                 "application/json" if system == "pgmq" else None, holder))
+            if system == "fifo":
+                run(f"""INSERT INTO conveyor.message_groups (queue_id, group_id)
+                        SELECT q.id, 'g' || k FROM conveyor.queues q, generate_series(0, {GROUPS - 1}) k
+                         WHERE q.name IN (%s, %s) ON CONFLICT DO NOTHING""".encode(), (target, holder))
             run("SELECT setval(q.seq, %s) FROM conveyor.queues q WHERE q.name = %s AND %s > 0", (backlog, holder, backlog))
         elif system == "partitioned":
             for name in {target, holder}:
