@@ -623,6 +623,24 @@ async def test_ticker_ticks_after_ticker_max_lag_only_when_events_wait(conn):
     assert await streams.ticker(conn) == 1, "ticker_max_lag 0: every event is ticked at the next call"
 
 
+async def test_an_event_committed_after_the_tick_that_counted_it_is_ticked_without_waiting_for_idle(dsn, conn):
+    """A tick while an append's transaction is still open counts the event's id (the
+    sequence gave it) but cannot see the event. Once it commits, the next ticker call
+    after ticker_max_lag ticks it, rather than leaving it for the idle period's tick."""
+    await streams.create(conn, S, {"ticker_max_lag": 0, "ticker_idle_period": "1 hour"})
+    await streams.subscribe(conn, S, "c")
+    async with pool.connect(dsn) as producer:
+        async with producer.transaction():
+            await send(producer, S, "late")
+            assert await streams.ticker(conn) == 1, "the sequence moved: a tick"
+        assert await streams.receive(conn, S, "c") == [], "the tick did not see the open transaction"
+    assert await streams.ticker(conn) == 1, "the event committed after that tick: another"
+    [got] = await streams.receive(conn, S, "c")
+    assert got.payload == "late"
+    await streams.ack(conn, got.batch_id)
+    assert await streams.ticker(conn) == 0, "nothing waits any more"
+
+
 async def test_ticker_ticks_an_idle_stream_every_ticker_idle_period(conn):
     await streams.create(conn, S, {"ticker_max_lag": "1 hour", "ticker_idle_period": "10 minutes"})
     assert await streams.ticker(conn) == 0
