@@ -93,5 +93,6 @@ def visit(page, hash_: str, selector: str = "#view") -> None:
     # the same hash again fires no hashchange: the page is drawn again on one sent by hand
     page.evaluate("h => { if (location.hash === h) dispatchEvent(new HashChangeEvent('hashchange'));"
                   " else location.hash = h; }", hash_)
-    page.wait_for_function("b => document.querySelector('#view').dataset.loaded !== b", arg=before)
+    page.wait_for_function("([b, h]) => { const v = document.querySelector('#view');"
+                           " return v.dataset.loaded !== b && v.dataset.hash === h; }", arg=[before, hash_])
     page.wait_for_selector(selector)

@@ -124,6 +124,27 @@ def test_schedules_with_next_fires(signed_in):
     assert console.errors == []
 
 
+def test_a_page_still_loading_does_not_draw_over_the_next(signed_in):
+    page, console = signed_in
+    visit(page, "#/queues", "#view table")
+    held = []  # the schedules' answer is held back until the next page has drawn
+    page.route("**/v1/schedules", lambda route: held.append(route))
+    try:
+        page.evaluate("location.hash = '#/schedules'")
+        for _ in range(100):
+            if held:
+                break
+            page.wait_for_timeout(50)
+        visit(page, "#/dead-letters", "#view table")
+        held[0].continue_()
+        page.wait_for_timeout(1000)  # the late answer has arrived by now
+        assert page.inner_text("#view h1").startswith("Dead letters")
+        assert page.get_attribute("#view", "data-hash") == "#/dead-letters"
+    finally:
+        page.unroute("**/v1/schedules")
+    assert console.errors == []
+
+
 def test_dead_letters_of_every_kind(signed_in):
     page, console = signed_in
     visit(page, "#/dead-letters", "#view table")

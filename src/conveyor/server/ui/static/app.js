@@ -522,8 +522,11 @@ function failed(e) {
   toast(e.message, true);
 }
 
+let rendering = 0;  // the latest render wins: an older one still waiting on the API draws nothing
+
 async function render() {
   if (!authorization()) { signIn(); return; }
+  const turn = ++rendering;
   const hash = location.hash || "#/queues";
   const route = ROUTES.find(([re]) => re.test(hash));
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.page === route?.[2]);
@@ -532,12 +535,16 @@ async function render() {
   try {
     if (!me) await whoami();
     const content = await route[1](...args);
+    if (turn !== rendering) return;
     view.replaceChildren(...[content].flat().filter(Boolean));
     view.dataset.page = route[2];
+    view.dataset.hash = hash;
     view.dataset.loaded = String(Date.now());
   } catch (e) {
+    if (turn !== rendering) return;
     if (e instanceof Unauthorized) { signIn(e.message); return; }
     view.replaceChildren(h("p", { class: "error", role: "alert", text: e.message }));
+    view.dataset.hash = hash;
     view.dataset.loaded = String(Date.now());
   }
 }
