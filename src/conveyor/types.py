@@ -96,6 +96,17 @@ class QueueMetrics:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """A queue's gauges as the dashboard's history last sampled them (history_latest_queues)."""
+
+    queue_name: str
+    queue_length: int
+    in_flight: int
+    delayed: int
+    sampled_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class OutgoingMessage:
     """A message to send. ``delay`` None means the queue's delay_seconds."""
 

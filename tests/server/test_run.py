@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from conveyor import settings
@@ -63,6 +64,41 @@ def test_workers_serve_one_port_and_stop_together_on_sigterm(dsn, queue_name):
             assert sent and float(sent[0].split()[-1]) == 40.0, sent
         assert server.terminate() == 0
         assert not _wait_gone(workers)
+    finally:
+        server.kill()
+
+
+def _calls(dsn: str, function: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT coalesce(sum(calls), 0)::int FROM pg_stat_user_functions "
+                           "WHERE schemaname = 'conveyor' AND funcname = %s", (function,)).fetchone()
+    return row[0] if row else 0
+
+
+def test_one_worker_reads_the_queue_depths_and_every_worker_shows_them(dsn, queue_name):
+    """The figures of the database (queue depths) are the same for every worker: one of
+    them reads them (a count of every queue's messages; two workers reading them doubled
+    the server's background cost under a backlog) and /metrics shows them from any."""
+    with psycopg.connect(dsn, autocommit=True) as conn:  # counts the calls of SQL functions
+        conn.execute(f"ALTER DATABASE \"{conn.info.dbname}\" SET track_functions = 'all'")
+    server = ServerProcess(dsn, args=["--workers", "2"], env={"CONVEYOR_DEPTH_SCRAPE_INTERVAL": "0.2"}).start()
+    try:
+        httpx.post(f"{server.url}/v1/queues", json={"name": queue_name}, headers={"Authorization": "t"})
+        for i in range(5):
+            httpx.post(f"{server.url}/v1/queues/{queue_name}/messages", json={"message": str(i)},
+                       headers={"Authorization": "t"})
+        shown = f'queue_depth{{queue="{queue_name}"}} 5.0'
+        deadline = time.monotonic() + 30
+        while shown not in httpx.get(f"{server.url}/metrics").text and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for _ in range(6):  # a new connection each time: the kernel hands them to either worker
+            assert shown in httpx.get(f"{server.url}/metrics", headers={"Connection": "close"}).text
+        # each scrape looks at the dashboard's latest sample first (and counts if it is stale)
+        before, began = _calls(dsn, "history_latest_queues"), time.monotonic()
+        time.sleep(3)
+        scrapes = _calls(dsn, "history_latest_queues") - before
+        # one worker every 0.2 s: about 15 (two: about 30); statistics are flushed now and then
+        assert 0 < scrapes <= (time.monotonic() - began) / 0.2 + 5, scrapes
     finally:
         server.kill()
 

@@ -13,6 +13,8 @@ import datetime as dt
 import time
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from conveyor import types
 from conveyor.core import streams
 from conveyor.db import pool
@@ -132,6 +134,8 @@ async def test_only_the_holder_of_the_lock_ticks_and_another_takes_over(dsn, con
 
             [third_pid] = await eventually(new_holder, "the third instance to take the lock")
             assert third_pid not in (first_pid, second_pid)
+            # appended while the third may be ticking: a tick that counts its id but
+            # cannot see it yet is followed by another once it commits
             await streams.append(conn, S, [types.StreamEventIn(payload="after")])
             [after] = await eventually(lambda: streams.receive(conn, S, "c"), "the third instance to tick")
             assert after.payload == "after"
@@ -139,3 +143,12 @@ async def test_only_the_holder_of_the_lock_ticks_and_another_takes_over(dsn, con
             await stop(third)
     finally:
         await stop(second)
+
+
+def test_jobs_reading_every_queue_wait_longer_when_they_get_slow():
+    """A job bounded by a share of a core (the depth scrape, the history: their cost grows
+    with the backlog) waits its interval while it is quick, and ten times as long as it
+    took (less its own time) once it is slow; other jobs wait their interval."""
+    assert workers.pause(15.0, 0.2, workers.SCAN_SHARE) == 15.0
+    assert workers.pause(15.0, 3.0, workers.SCAN_SHARE) == pytest.approx(27.0)  # 3 s of every 30: 10%
+    assert workers.pause(1.0, 3.0) == 1.0

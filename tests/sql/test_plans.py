@@ -146,6 +146,8 @@ def _load_backlog(sql: psycopg.Connection) -> None:
     run("""SELECT conveyor.queue_create('limited', '{"max_receive_count": 3, "dead_letter_queue": "dlq"}')""")
     run("""SELECT conveyor.queue_create('grouped')""")
     run("""SELECT conveyor.queue_create('jobs.fifo', '{"content_based_deduplication": true}')""")
+    run("SELECT conveyor.queue_create('graveyard')")  # dead letters (of jobs), for move tasks
+    run("""SELECT conveyor.queue_create('buried', '{"max_receive_count": 3, "dead_letter_queue": "graveyard"}')""")
     run("SELECT pgmq.create('pg')")
     for queue, group in (("jobs", "NULL"), ("limited", "NULL"), ("grouped", f"'g' || mod(g, {GROUPS})"),
                          ("jobs.fifo", f"'g' || mod(g, {GROUPS})"), ("pg", "NULL")):
@@ -153,6 +155,10 @@ def _load_backlog(sql: psycopg.Connection) -> None:
                 SELECT q.id, g, now() - interval '1 minute', now(), 'x', {group}
                   FROM conveyor.queues q, generate_series(1, {BACKLOG}) g WHERE q.name = %s""".encode(), (queue,))
         run("SELECT setval(q.seq, %s) FROM conveyor.queues q WHERE q.name = %s", (BACKLOG, queue))
+    run(f"""INSERT INTO conveyor.messages (queue_id, id, vt, sent_at, body, source_queue_id)
+            SELECT q.id, g, now() - interval '1 minute', now(), 'x', (SELECT j.id FROM conveyor.queues j WHERE j.name = 'jobs')
+              FROM conveyor.queues q, generate_series(1, {BACKLOG}) g WHERE q.name = 'graveyard'""")
+    run("SELECT setval(q.seq, %s) FROM conveyor.queues q WHERE q.name = 'graveyard'", (BACKLOG,))
     run(f"""INSERT INTO conveyor.message_groups (queue_id, group_id)
             SELECT q.id, 'g' || k FROM conveyor.queues q, generate_series(0, {GROUPS - 1}) k WHERE q.name = 'jobs.fifo'""")
     run("SELECT conveyor.pqueue_push(%s::jsonb)", (Jsonb([{"queue": "pq", "partition": p, "payload": 0,
@@ -303,6 +309,10 @@ HOT: dict[str, Callable[[psycopg.Connection], Callable[[], int]]] = {
     "stream: receive and ack": lambda sql: lambda: (
         lambda got: (len(got), sql.execute("SELECT conveyor.stream_ack(%s)", (got[0][1],)))[0])(
         _rows(sql, "SELECT id, batch_id FROM conveyor.stream_receive('events', 'reader', 1000)")),
+    "move task: one step": lambda sql: (
+        sql.execute("SELECT conveyor.move_task_cancel(t.handle) FROM conveyor.move_tasks t WHERE t.status = 'RUNNING'"),
+        sql.execute("SELECT conveyor.move_task_start('graveyard', NULL, 10)"),
+        lambda: int(_rows(sql, "SELECT conveyor.move_task_step(1000)")[0][0]))[2],
     "stream: send": lambda sql: lambda: len(_rows(
         sql, "SELECT conveyor.stream_send_batch('events', 't', array_fill('x'::text, ARRAY[10]))")),
 }
@@ -313,7 +323,7 @@ HOT: dict[str, Callable[[psycopg.Connection], Callable[[], int]]] = {
 # them: that cost follows the calls since the last vacuum, not the backlog, so these small
 # tables are vacuumed (not analyzed) before each call.
 HOT_ROWS = ("queues", "message_groups", "receive_attempts", "pqueues", "partitions", "consumer_groups",
-            "partition_cursors", "partition_retries", "stream_consumers", "stream_ticks")
+            "partition_cursors", "partition_retries", "stream_consumers", "stream_ticks", "move_tasks")
 
 
 @pytest.mark.parametrize("call", list(HOT))
@@ -349,6 +359,19 @@ async def test_the_per_message_checks_are_planned_once_per_session(conn):
             f"conveyor.{name} ({language}) is planned on every call of a send"
 
 
+async def test_the_partitioned_queues_calls_keep_their_plans_for_the_session(conn):
+    """A LANGUAGE sql function with SET clauses (SECURITY DEFINER's search_path) is never
+    inlined, and on this PostgreSQL its statement is planned again on every call:
+    pqueue_pop_many, the server's one call per fused pop, was (0025's lesson for the
+    per-message checks). Every function of the partitioned queues' API is plpgsql."""
+    cur = await conn.execute("SELECT p.proname, l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+                             "WHERE p.pronamespace = 'conveyor'::regnamespace AND p.proname LIKE 'pqueue\\_%' "
+                             "AND p.prosecdef ORDER BY 1")
+    found = await cur.fetchall()
+    assert ("pqueue_pop_many", "plpgsql") in found
+    assert [name for name, language in found if language == "sql"] == []
+
+
 def _blocks(sql: psycopg.Connection) -> int:
     """Buffer pages of Conveyor's tables and indexes visited so far in this transaction."""
     return sql.execute("""SELECT coalesce(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::bigint
@@ -371,3 +394,24 @@ def test_a_fifo_receive_locks_its_messages_by_key_whatever_the_statistics(backlo
             visited = _blocks(backlog) - before
         assert got, "nothing received: the test is not testing"
         assert visited <= FIFO_RECEIVE_BLOCKS, f"{visited} pages visited for a FIFO receive of {len(got)}"
+
+
+
+async def test_queue_metrics_scan_each_queue_once(conn):
+    """A queue's figures are one scan of its messages, for one queue and for all: the form
+    ``(conveyor._metrics(q)).*`` ran the function once per column (ten scans; 2 s a scrape
+    at a million messages waiting)."""
+    for name in ("a", "b", "c"):
+        await queues.create(conn, name)
+    async with conn.transaction():  # the transaction's own function counts
+        await conn.execute("SET LOCAL track_functions = 'all'")
+
+        async def calls() -> int:
+            cur = await conn.execute("SELECT coalesce(sum(calls), 0)::int FROM pg_stat_xact_user_functions "
+                                     "WHERE schemaname = 'conveyor' AND funcname = '_metrics'")
+            return (await cur.fetchone())[0]
+
+        rows = await (await conn.execute("SELECT * FROM conveyor.queue_metrics_all()")).fetchall()
+        assert len(rows) == 3 and await calls() == 3
+        one = await (await conn.execute("SELECT * FROM conveyor.queue_metrics('b')")).fetchall()
+        assert [r[0] for r in one] == ["b"] and await calls() == 4

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from conveyor import types
 from conveyor.db import execute as db
 
 Connection = db.Connection
@@ -51,6 +52,12 @@ async def record(conn: Connection, keep: dt.timedelta, min_gap: dt.timedelta = d
 
 async def prune(conn: Connection, keep: dt.timedelta) -> int:
     return await db.fetch_scalar(conn, "history_prune", {"keep_seconds": keep.total_seconds()}, int)
+
+
+async def latest_queues(conn: Connection, max_age: dt.timedelta) -> list[types.QueueDepth]:
+    """Every queue's figures of the latest sample, if it is younger than ``max_age``."""
+    return await db.fetch_all(conn, "history_latest_queues", {"max_age_seconds": max_age.total_seconds()},
+                              row=types.QueueDepth)
 
 
 async def series(conn: Connection, kind: str, name: str, since: dt.datetime) -> list[Sample]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
@@ -178,7 +178,7 @@ class Metrics:
                 if m.receive_count <= 1:
                     ages.observe(max(now - m.sent_at.timestamp(), 0.0))
 
-    def set_depths(self, rows: list[types.QueueMetrics]) -> None:
+    def set_depths(self, rows: Sequence[types.QueueMetrics | types.QueueDepth]) -> None:
         for gauge in (self.depth, self.in_flight, self.delayed):
             gauge.clear()
         for m in rows:

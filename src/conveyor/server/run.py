@@ -120,9 +120,11 @@ def _bind_one(host: str, port: int, setting: str) -> socket.socket:
     return sock
 
 
-def _serve_one(settings: Settings, dsn: str, sockets: list[socket.socket]) -> bool:
-    """Serve in this process until a signal; False if the server could not start."""
-    app = create_app(settings, dsn)
+def _serve_one(settings: Settings, dsn: str, sockets: list[socket.socket], *, first: bool = True) -> bool:
+    """Serve in this process until a signal; False if the server could not start.
+    ``first``: the first (or only) worker, which also reads the database's figures (the
+    queue depths of /metrics, the dashboard's history: workers.start)."""
+    app = create_app(settings, dsn, first_worker=first)
     server = _Server(_config(app, settings), app.state.broker.shutting_down)
     # uvicorn re-raises the signal that stopped it once it is done; with the default
     # handlers that would kill the process before the caller's clean-up (stopping the
@@ -151,12 +153,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _worker(settings: Settings, dsn: str, sockets: list[socket.socket]) -> int:
+def _worker(settings: Settings, dsn: str, sockets: list[socket.socket], first: bool) -> int:
     """The body of a forked worker; its exit code."""
     os.setpgid(0, 0)  # signals come from the parent only, once (not also from the terminal)
     _die_with_parent()
     try:
-        return 0 if _serve_one(settings, dsn, sockets) else 3
+        return 0 if _serve_one(settings, dsn, sockets, first=first) else 3
     except BaseException:
         log.exception("worker %d failed", os.getpid())
         return 1
@@ -203,7 +205,7 @@ def _serve_workers(settings: Settings, dsn: str, sockets: list[socket.socket]) -
 
     previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
     try:
-        for _ in range(settings.workers):
+        for index in range(settings.workers):
             if stopping:
                 break
             pid = os.fork()
@@ -213,7 +215,7 @@ def _serve_workers(settings: Settings, dsn: str, sockets: list[socket.socket]) -
                 _as_metrics_worker()
                 code = 1
                 try:
-                    code = _worker(settings, dsn, sockets)
+                    code = _worker(settings, dsn, sockets, index == 0)
                 finally:
                     logging.shutdown()
                     os._exit(code)

@@ -22,9 +22,30 @@ from conveyor.server.supervisor import Supervisor
 log = logging.getLogger(__name__)
 
 
-async def every(interval: float, name: str, job: Callable[[], Awaitable[object]]) -> None:
-    """Run ``job`` now and then every ``interval`` seconds; failures are logged, not fatal."""
+# The most of one core's time a job that reads every queue's messages (the depth scrape,
+# the dashboard's history) may take: its cost grows with the backlog, so under a big one
+# it runs less often than its interval instead of taking the server's CPU.
+SCAN_SHARE = 0.1
+# How old the dashboard's latest sample may be for the depth scrape to take the queues'
+# figures from it instead of counting them again (at least; three history intervals if
+# longer): /metrics then shows depths up to that old, against counting every queue twice.
+HISTORY_FRESH = 60.0
+
+
+def pause(interval: float, took: float, share: float | None = None) -> float:
+    """Seconds to wait after a run of a job that took ``took`` seconds: ``interval``, or
+    longer if the job would otherwise take more than ``share`` of a core's time."""
+    if share is None:
+        return interval
+    return max(interval, took / share - took)
+
+
+async def every(interval: float, name: str, job: Callable[[], Awaitable[object]], share: float | None = None) -> None:
+    """Run ``job`` now and then every ``interval`` seconds (``pause``: longer for a job
+    bounded by ``share``); failures are logged, not fatal."""
+    loop = asyncio.get_running_loop()
     while True:
+        began = loop.time()
         try:
             with tracing.job_span(name):
                 await job()
@@ -32,7 +53,7 @@ async def every(interval: float, name: str, job: Callable[[], Awaitable[object]]
             log.warning("%s failed: %s", name, exc)
         except Exception:
             log.exception("%s failed", name)
-        await asyncio.sleep(interval)
+        await asyncio.sleep(pause(interval, loop.time() - began, share))
 
 
 async def maintenance(database: Database, max_rounds: int = 10) -> None:
@@ -47,17 +68,23 @@ async def maintenance(database: Database, max_rounds: int = 10) -> None:
         await partitioned.maintain(conn)
 
 
-async def depth_scrape(database: Database, metrics: Metrics) -> None:
-    """Queue depths, streams with their consumers, and consumer groups' lag, for /metrics."""
+async def depth_scrape(database: Database, metrics: Metrics, sampled_within: float | None = None) -> None:
+    """Queue depths, streams with their consumers, and consumer groups' lag, for /metrics.
+    ``sampled_within``: the queues' figures are those of the dashboard's latest sample if
+    it is younger than that many seconds (the worker takes the samples too): counting every
+    queue reads all its messages, and one count then serves both."""
     async with database.connection() as conn:
-        metrics.set_depths(await queues.metrics_all(conn))
+        sampled = (await history.latest_queues(conn, dt.timedelta(seconds=sampled_within))
+                   if sampled_within is not None else [])
+        metrics.set_depths(sampled or await queues.metrics_all(conn))
         metrics.set_streams(await streams.stats(conn), await streams.consumer_stats(conn),
                             await partitioned.group_lag(conn))
 
 
 async def record_history(database: Database, interval: float, retention: float) -> None:
-    """One sample for the dashboard's charts, pruned to ``retention`` seconds. Every process
-    runs this; the SQL takes one sample per period (the first process to come)."""
+    """One sample for the dashboard's charts, pruned to ``retention`` seconds. The first
+    worker of every server runs this; the SQL takes one sample per period (the first
+    server to come, where several share the database)."""
     async with database.connection() as conn:
         await history.record(conn, dt.timedelta(seconds=retention), dt.timedelta(seconds=interval * 0.8))
 
@@ -102,24 +129,32 @@ async def _tick_forever(conn: object, tick_interval: float, maint_interval: floa
 
 
 def start(supervisor: Supervisor, database: Database, metrics: Metrics, *, maintenance_interval: float,
-          depth_interval: float, move_interval: float = 1.0,
+          depth_interval: float, first: bool = True, move_interval: float = 1.0,
           stream_intervals: tuple[float, float, float] = (0.5, 30.0, 300.0),
           webhook_config: webhooks.Config | None = None,
           scheduler_config: scheduler.Config | None = None,
           history_config: tuple[float, float] | None = None) -> None:
-    """Start every background worker under ``supervisor`` (which restarts a failed one)."""
+    """Start every background worker under ``supervisor`` (which restarts a failed one).
+    The jobs that read every queue's messages, the depth scrape and the dashboard's
+    history, run in the ``first`` worker process of a server only: their figures are the
+    database's, and /metrics shows them from any worker (gauges of mode livemax)."""
     tick, maint, vacuum = stream_intervals
     supervisor.start("stream-ticker", lambda: stream_ticker(database.dsn, tick_interval=tick, maint_interval=maint,
                                                             vacuum_interval=vacuum))
     supervisor.start("move-tasks", lambda: every(move_interval, "message move tasks",
                                                  lambda: move_dead_letters(database)))
     supervisor.start("maintenance", lambda: every(maintenance_interval, "maintenance", lambda: maintenance(database)))
-    supervisor.start("depth-scrape", lambda: every(depth_interval, "depth scrape",
-                                                   lambda: depth_scrape(database, metrics)))
-    if history_config is not None:  # the dashboard's charts: (interval, retention) in seconds
+    # with the history here, the scrape takes the queues' figures from its latest sample:
+    # one that the pacing (below) spaced out under a large backlog is still recent enough
+    sampled_within = None if history_config is None else max(HISTORY_FRESH, 3 * history_config[0])
+    if first:
+        supervisor.start("depth-scrape", lambda: every(depth_interval, "depth scrape",
+                                                       lambda: depth_scrape(database, metrics, sampled_within),
+                                                       SCAN_SHARE))
+    if first and history_config is not None:  # the dashboard's charts: (interval, retention) in seconds
         interval, retention = history_config
         supervisor.start("history", lambda: every(interval, "history", lambda: record_history(database, interval,
-                                                                                             retention)))
+                                                                                             retention), SCAN_SHARE))
     if webhook_config is not None:  # the topics' HTTP(S) deliveries (SKIP LOCKED: every process may run it)
         supervisor.start("webhooks", lambda: webhooks.run(database, metrics, webhook_config))
     if scheduler_config is not None:  # schedules (SKIP LOCKED: every process runs it)

@@ -115,6 +115,29 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $
      ORDER BY e.name
 $$;
 
+-- Every queue's depth, in flight and delayed of the latest sample, if it is younger than
+-- max_age (no rows otherwise): the depth scrape's gauges in a worker that also takes the
+-- samples, so that one count of every queue serves both (a count reads the whole queue).
+CREATE OR REPLACE FUNCTION conveyor.history_latest_queues(max_age interval)
+RETURNS TABLE (queue_name text, queue_length bigint, in_flight bigint, delayed bigint, sampled_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+    SELECT s.name, s.depth, s.in_flight, s.delayed, s.sampled_at
+      FROM conveyor.history_samples s
+     WHERE s.kind = 'queue'
+       AND s.sampled_at = (SELECT max(x.sampled_at) FROM conveyor.history_samples x WHERE x.kind = 'queue')
+       AND s.sampled_at > now() - max_age
+     ORDER BY s.name
+$$;
+
+DO $$
+BEGIN  -- a read of the history, as history_series (migration 0012's grants)
+    GRANT EXECUTE ON FUNCTION conveyor.history_latest_queues(interval) TO conveyor_reader;
+EXCEPTION WHEN undefined_object THEN
+    RAISE WARNING 'conveyor: roles missing, grants skipped (%)', SQLERRM;
+END $$;
+
+REVOKE ALL ON ALL ROUTINES IN SCHEMA conveyor FROM PUBLIC;
+
 -- Where a queue message is and has been: the message (queue, id) live or archived, and
 -- every copy of it by UUID (dead-lettered, redriven), oldest first. NULL if not found.
 CREATE OR REPLACE FUNCTION conveyor.history_message(queue_name text, message_id bigint) RETURNS jsonb

@@ -7,6 +7,9 @@ SELECT conveyor.history_record(make_interval(secs => %(keep_seconds)s::double pr
 -- name: history_prune
 SELECT conveyor.history_prune(make_interval(secs => %(keep_seconds)s::double precision))
 
+-- name: history_latest_queues
+SELECT * FROM conveyor.history_latest_queues(make_interval(secs => %(max_age_seconds)s::double precision))
+
 -- name: history_series
 SELECT * FROM conveyor.history_series(%(kind)s::text, %(name)s::text, %(since)s::timestamptz)
 
