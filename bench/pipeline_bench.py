@@ -37,7 +37,10 @@ Small work (--rounds times, trees alternated, after a warm-up round): a bare loc
 session started and stopped (`SparkSession.builder...getOrCreate(); stop()`, a process of
 its own), an incremental `archive --once` of 1 event (CLI, local[*]), and `report` over a
 table of 4 events (CLI, local[*]); each as wall time and as a ratio to the bare session of
-the same round (median of the rounds' ratios).
+the same round (median of the rounds' ratios); for a tree that gives its driver JVM
+options of its own (a class data sharing archive, the quick compiler only: pipeline.cds,
+pipeline.session), also a bare session with those options ("bare tuned") and the report's
+ratio to it. Each tree's warm-up runs its report once (creating such an archive).
 --tree LABEL=SRC runs the Spark children and the CLI on that source tree (PYTHONPATH=SRC);
 given more than once, each master runs each tree in turn, side by side in one run
 (before/after).
@@ -181,6 +184,21 @@ BARE = ("from pyspark.sql import SparkSession\n"
         "SparkSession.builder.master('local[*]').config('spark.ui.enabled', 'false')"
         ".config('spark.driver.host', '127.0.0.1').config('spark.driver.bindAddress', '127.0.0.1')"
         ".getOrCreate().stop()")
+# the same bare session with the JVM options the tree's `report` gives its driver (its class
+# data sharing archive, the quick compiler only): what those options do without Conveyor
+BARE_TUNED = ("from pyspark.sql import SparkSession\n"
+              "from conveyor.pipeline import cds, session\n"
+              "archive = cds.prepare()\n"
+              "options = [*(archive.options() if archive and archive.creating is None else []), *session.SHORT]\n"
+              "SparkSession.builder.master('local[*]').config('spark.ui.enabled', 'false')"
+              ".config('spark.driver.host', '127.0.0.1').config('spark.driver.bindAddress', '127.0.0.1')"
+              ".config(session.JAVA_OPTIONS, ' '.join(options)).getOrCreate().stop()")
+
+
+def tuned(tree: str | None) -> bool:
+    """Whether the tree gives its driver JVM options of its own (pipeline.cds)."""
+    return (Path(tree) if tree else Path(__file__).resolve().parents[1] / "src").joinpath(
+        "conveyor", "pipeline", "cds.py").is_file()
 
 
 def timed(args: list[str], tree: str | None, timeout: float) -> float:
@@ -225,17 +243,22 @@ def append_events(dsn: str, stream: str, rows: int) -> None:
 def small_work(dsn: str, work: Path, trees: list[tuple[str, str | None]], rounds: int,
                timeout: float) -> dict[str, dict[str, list[float]]]:
     """Per tree: seconds of the bare session, the 1-event archive and the small report, per round."""
-    seconds: dict[str, dict[str, list[float]]] = {label: {"bare": [], "archive": [], "report": []} for label, _ in trees}
+    seconds: dict[str, dict[str, list[float]]] = {
+        label: {"bare": [], "archive": [], "report": [], "bare_tuned": []} for label, _ in trees}
     lakes = {}
-    for label, tree in trees:  # warm-up: each tree's table of 4 events, and its first run
+    for label, tree in trees:  # warm-up: each tree's table of 4 events, and its first runs
         stream = f"small_{uuid.uuid4().hex[:6]}"
         fill(dsn, stream, 4)
         lakes[label] = (stream, work / f"small-{stream}")
         timed(conveyor(dsn, "archive", "--stream", stream, "--path", str(lakes[label][1]), "--once"), tree, timeout)
+        # a tree that keeps a class data sharing archive creates it here, not in a timed run
+        timed(conveyor(dsn, "report", str(lakes[label][1]), "--out", str(work / f"report-{label}")), tree, timeout)
     for _ in range(rounds):
         for label, tree in trees:
             stream, lake = lakes[label]
             seconds[label]["bare"].append(timed(["-c", BARE], tree, timeout))
+            if tuned(tree):
+                seconds[label]["bare_tuned"].append(timed(["-c", BARE_TUNED], tree, timeout))
             append_events(dsn, stream, 1)
             seconds[label]["archive"].append(timed(
                 conveyor(dsn, "archive", "--stream", stream, "--path", str(lake), "--once"), tree, timeout))
@@ -256,14 +279,17 @@ def report_cli(steady_rates: dict[str, list[tuple[float, float]]], small: dict[s
             print(f"{label or 'this tree':18}{t1:>7.1f}{t2:>7.1f}{rate:>10,.0f}{rate / copy_rate:>9.2f}")
     if small:
         print("\nsmall work (CLI, local[*]): seconds, median; ratio to a bare session start+stop of the same round")
-        print(f"{'':18}{'bare':>7}{'archive 1':>11}{'ratio':>7}{'report 4':>10}{'ratio':>7}")
+        print(f"{'':18}{'bare':>7}{'archive 1':>11}{'ratio':>7}{'report 4':>10}{'ratio':>7}"
+              f"{'bare tuned':>12}{'report/tuned':>14}")
         for label, runs in small.items():
-            def ratio(key: str, runs: dict[str, list[float]] = runs) -> float:
-                return statistics.median(a / b for a, b in zip(runs[key], runs["bare"], strict=True))
+            def ratio(key: str, base: str = "bare", runs: dict[str, list[float]] = runs) -> float:
+                return statistics.median(a / b for a, b in zip(runs[key], runs[base], strict=True))
 
             print(f"{label or 'this tree':18}{statistics.median(runs['bare']):>7.1f}"
                   f"{statistics.median(runs['archive']):>11.1f}{ratio('archive'):>7.2f}"
-                  f"{statistics.median(runs['report']):>10.1f}{ratio('report'):>7.2f}")
+                  f"{statistics.median(runs['report']):>10.1f}{ratio('report'):>7.2f}"
+                  + (f"{statistics.median(runs['bare_tuned']):>12.1f}{ratio('report', 'bare_tuned'):>14.2f}"
+                     if runs["bare_tuned"] else f"{'-':>12}{'-':>14}"))
 
 
 # -- the run ----------------------------------------------------------------------------------

@@ -75,6 +75,19 @@ def _stream(spark: Any, reader: Any, checkpoint: Path, trigger: dict[str, Any] |
     return {"rows": sorted(rows), "batches": batches, "error": error}
 
 
+def keys(rows: Any) -> list[list[Any]]:
+    """A partitioned queue's rows as sorted [partition, seq, payload]."""
+    return sorted([r["partition"], r["seq"], r["payload"]] for r in rows)
+
+
+def collect_stream(frame: Any, checkpoint: Path, out: list[Any], pick: Any) -> None:
+    """A streaming read run with Trigger.AvailableNow, ``pick(rows)`` of each micro-batch into ``out``."""
+    query = (frame.writeStream.option("checkpointLocation", str(checkpoint))
+             .foreachBatch(lambda df, _: out.extend(pick(df.collect())))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+
+
 def run(spark: Any, dsn: str, work: Path, tag: str, between: int) -> dict[str, Any]:
     def fmt(reader: Any) -> Any:
         return reader.format("conveyor").option("dsn", dsn)
@@ -89,7 +102,7 @@ def run(spark: Any, dsn: str, work: Path, tag: str, between: int) -> dict[str, A
                               "queue", "partition", "seq")
     got["stream_pattern_streaming"] = _stream(
         spark, fmt(spark.readStream).option("streamPattern", "ks_.").option("consumer", f"c_{tag}")
-        .option("startingPosition", "earliest").option("maxEventsPerTrigger", "4"),
+        .option("startingPosition", "earliest").option("maxEventsPerTrigger", "6"),
         work / f"several-streams-{tag}", cols=("stream", "type"))
     got["pqueue_pattern_streaming"] = _stream(
         spark, fmt(spark.readStream).option("partitionedQueuePattern", "kp_.").option("startingOffsets", "earliest")

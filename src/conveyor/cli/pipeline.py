@@ -31,13 +31,14 @@ def _modules() -> Any:
     return archive, human, report, session
 
 
-def _spark(session: Any, master: str, conf: tuple[str, ...]) -> Any:
-    """A session started on first use (session.Lazy): small work never starts the JVM."""
+def _spark(session: Any, master: str, conf: tuple[str, ...], short: bool = False) -> Any:
+    """A session started on first use (session.Lazy): small work never starts the JVM;
+    ``short``: its work is small (session.Lazy)."""
     try:
         settings = session.parse_conf(conf)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--conf") from None
-    return session.Lazy(master, settings, on_start=output.note)
+    return session.Lazy(master, settings, progress=output.note, short=short)
 
 
 @click.group()
@@ -161,7 +162,7 @@ def report(obj: Any, lake: tuple[Path, ...], out: Path, dead_letters: bool, mast
 
     LAKE: Delta tables written by `conveyor pipeline archive`, or directories of them."""
     _, human, report_mod, session = _modules()
-    spark = _spark(session, master, conf)
+    spark = _spark(session, master, conf, short=report_mod.small(lake))
     try:
         with (context.database_url(obj.settings()) if dead_letters else contextlib.nullcontext()) as dsn:
             figures = report_mod.build(spark.get(), list(lake), dsn=dsn, progress=output.note)

@@ -99,6 +99,11 @@ def live_files(path: str | Path) -> list[str]:
     return list(table.file_uris())
 
 
+def size(path: str | Path) -> int:
+    """The bytes of the table's current files."""
+    return sum(pa.table(DeltaTable(str(path)).get_add_actions()).column("size_bytes").to_pylist())
+
+
 def files(table: DeltaTable) -> set[str]:
     """The table's current files, relative to its root (as the log lists them)."""
     return set(pa.table(table.get_add_actions()).column("path").to_pylist())

@@ -31,6 +31,7 @@ from conveyor.db import sync
 from conveyor.pipeline import lake
 
 PERCENTILES = (0.5, 0.95, 0.99)
+SMALL_LAKE_BYTES = 64 * 2**20  # a lake this small is a job of seconds: session.Lazy's ``short``
 
 _QUEUE_SQL = """
 WITH finished AS (
@@ -182,6 +183,11 @@ def _minutes(points: list[dict[str, Any]]) -> int:
 QUEUE_LATENCY = "enqueue to acknowledgement (archived when its consumer deleted it)"
 STREAM_LATENCY = ("append to archive: when the archive job ran, not a delivery latency (run `pipeline archive` "
                   "continuously for it to come close)")
+
+
+def small(paths: Sequence[str | Path]) -> bool:
+    """Whether the tables under ``paths`` hold at most SMALL_LAKE_BYTES of data files."""
+    return sum(lake.size(t) for t in lake.tables(list(paths))) <= SMALL_LAKE_BYTES
 
 
 def build(spark: Any, paths: Sequence[str | Path], dsn: str | None = None,
