@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from conveyor import errors
+from conveyor.cli import output
 from conveyor.db import embedded, pool
 from conveyor.db import migrate as migrations
 from conveyor.db import reach as reach_
@@ -75,3 +76,18 @@ def run(settings: Settings, action: Callable[[Any], Awaitable[T]], *, migrate: b
             return asyncio.run(go(dsn))
         except errors.ConveyorError as exc:
             raise click.ClickException(exc.message) from None
+
+
+def remove(obj: Any, kind: str, name: str, *, find: Callable[[Any, str], Awaitable[Any]],
+           remove_it: Callable[[Any, str], Awaitable[bool]], question: Callable[[Any], str], done: str,
+           yes: bool) -> None:
+    """The CLI's delete and drop commands: ``find`` fails for an unknown ``kind`` before
+    anything is asked, the question (from what was found) is confirmed unless ``yes``, then
+    ``remove_it``; the answer says ``done`` (deleted, dropped)."""
+    async def action(conn: Any) -> bool:
+        output.confirm(question(await find(conn, name)), yes)
+        return await remove_it(conn, name)
+
+    if not run(obj.settings(), action):
+        raise click.ClickException(f"{kind} {name!r} does not exist")  # removed meanwhile
+    output.emit({kind: name, done: True}, obj.as_json, f"{done} {kind} {name}")

@@ -211,15 +211,8 @@ def alter(obj, name: str, clear_redrive: bool, **options: Any) -> None:  # noqa:
 @click.pass_obj
 def delete(obj, name: str, yes: bool) -> None:  # noqa: ANN001
     """Delete queue NAME with all its messages and archive."""
-
-    async def action(conn: Any) -> bool:
-        await ops.get(conn, name)  # fails for an unknown queue before asking anything
-        output.confirm(f"Delete queue {name!r} and all its messages?", yes)
-        return await ops.drop(conn, name)
-
-    if not context.run(obj.settings(), action):
-        raise click.ClickException(f"queue {name!r} does not exist")  # dropped meanwhile
-    output.emit({"queue": name, "deleted": True}, obj.as_json, f"deleted queue {name}")
+    context.remove(obj, "queue", name, find=ops.get, remove_it=ops.drop, done="deleted", yes=yes,
+                   question=lambda _q: f"Delete queue {name!r} and all its messages?")
 
 
 @queues.command()

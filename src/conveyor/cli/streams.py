@@ -280,15 +280,8 @@ def config(obj, name: str, paused: bool | None, **options: Any) -> None:  # noqa
 @click.pass_obj
 def drop(obj, name: str, yes: bool) -> None:  # noqa: ANN001
     """Drop stream NAME with all its events, consumers and dead letters."""
-
-    async def action(conn: Any) -> bool:
-        await ops.get(conn, name)  # fails for an unknown stream before asking anything
-        output.confirm(f"Drop stream {name!r} with all its events and consumers?", yes)
-        return await ops.drop(conn, name)
-
-    if not context.run(obj.settings(), action):
-        raise click.ClickException(f"stream {name!r} does not exist")  # dropped meanwhile
-    output.emit({"stream": name, "dropped": True}, obj.as_json, f"dropped stream {name}")
+    context.remove(obj, "stream", name, find=ops.get, remove_it=ops.drop, done="dropped", yes=yes,
+                   question=lambda _s: f"Drop stream {name!r} with all its events and consumers?")
 
 
 # -- producing -----------------------------------------------------------------------------

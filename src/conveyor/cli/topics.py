@@ -147,14 +147,8 @@ def show(obj, name: str) -> None:  # noqa: ANN001
 def delete(obj, name: str, yes: bool) -> None:  # noqa: ANN001
     """Delete topic NAME and the subscriptions bound to its name."""
 
-    async def action(conn: Any) -> bool:
-        t = await ops.get(conn, name)  # fails for an unknown topic before asking anything
-        output.confirm(f"Delete topic {name!r} and its {t.subscriptions} subscription(s)?", yes)
-        return await ops.delete(conn, name)
-
-    if not context.run(obj.settings(), action):
-        raise click.ClickException(f"topic {name!r} does not exist")  # deleted meanwhile
-    output.emit({"topic": name, "deleted": True}, obj.as_json, f"deleted topic {name}")
+    context.remove(obj, "topic", name, find=ops.get, remove_it=ops.delete, done="deleted", yes=yes,
+                   question=lambda t: f"Delete topic {name!r} and its {t.subscriptions} subscription(s)?")
 
 
 # -- publishing ----------------------------------------------------------------------------
