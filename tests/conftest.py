@@ -28,6 +28,17 @@ from support import parallel
 
 ADMIN_DSN = os.environ.get("CONVEYOR_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
+# The Spark drivers the tests start (in process, or by the CLI they run) neither create nor
+# use a class data sharing archive in the user's cache (conveyor.pipeline.cds);
+# tests/pipeline/test_cds.py tests it in a directory of its own.
+os.environ["CONVEYOR_SPARK_CDS_DIR"] = ""
+# Their JVMs (drivers through spark-submit, the standalone cluster's master and workers)
+# compile with the quick compiler only: the tests' Spark work is small, and the optimizing
+# compiler's threads cost more CPU than they save (tests/spark/test_partitioned_read.py:
+# 100 -> 77 s of CPU), on a machine the whole suite keeps busy.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
+
 
 # -- several xdist workers (tests/support/parallel.py) -----------------------------------
 

@@ -32,6 +32,11 @@ PARTITIONS = 4
 PER_PARTITION = 150
 KILL_AFTER = 5000
 
+# seconds: a fsync (the spool's, the test cluster's commit) can wait tens of seconds
+# behind a busy machine's disk (seen in CI beside the Spark tests); the server's own
+# request deadline (30 s) answers first
+CLIENT_TIMEOUT = 45
+
 
 async def _send_group(c: httpx.AsyncClient, group: int, acked: list[tuple[int, int]], stop: asyncio.Event) -> None:
     """One FIFO group's messages in order, one request each (a group's next message is
@@ -80,7 +85,7 @@ async def test_writes_taken_while_postgres_is_down_survive_a_sigkill(cluster, tm
     server = ServerProcess(dsn, env=env).start()
     sent: list[tuple[int, int]] = []
     pushed: list[tuple[int, int]] = []
-    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=CLIENT_TIMEOUT) as c:
         for queue in ("spooled.fifo", "spooled-std"):  # the server learns the queues while it can
             body = {"message": "warm", "group_id": "warm", "dedup_id": "warm"} if queue.endswith("fifo") else {
                 "message": "warm"}
@@ -146,7 +151,7 @@ async def test_a_live_server_replays_when_postgres_returns_keeping_order(cluster
     env = {"CONVEYOR_SPOOL_DIR": str(tmp_path / "spool"), "CONVEYOR_SPOOL_MAX_BYTES": "200000"}
     server = ServerProcess(dsn, env=env).start()
     try:
-        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=CLIENT_TIMEOUT) as c:
             async def send(i: int) -> int:
                 r = await c.post("/v1/queues/live.fifo/messages", json={"message": str(i), "group_id": "g",
                                                                         "dedup_id": str(i)})
@@ -261,7 +266,7 @@ async def test_the_first_write_after_a_fast_shutdown_is_spooled_not_refused(clus
     spool_dir = tmp_path / "spool"
     server = ServerProcess(dsn, env={"CONVEYOR_SPOOL_DIR": str(spool_dir)}).start()
     try:
-        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=CLIENT_TIMEOUT) as c:
             for _ in range(5):  # the pool's connections are open and idle
                 assert (await c.post("/v1/queues/first-std/messages", json={"message": "warm"})).status_code == 201
             await asyncio.to_thread(cluster.stop)  # pg_ctl stop -m fast
@@ -301,7 +306,7 @@ async def test_a_damaged_byte_costs_one_write_and_the_segment_is_kept(cluster, t
     env = {"CONVEYOR_SPOOL_DIR": str(spool_dir)}
     server = ServerProcess(dsn, env=env).start()
     try:
-        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=CLIENT_TIMEOUT) as c:
             assert (await c.post("/v1/queues/damaged-std/messages", json={"message": "warm"})).status_code == 201
             await asyncio.to_thread(cluster.stop)
             await c.get("/v1/queues/damaged-std/messages")  # finds the outage
@@ -366,7 +371,7 @@ async def test_writes_refused_on_a_full_disk_are_never_stored(cluster, tmp_path:
             await queues.create(conn, "full-std")
         spool_dir = disk / "spool"
         server = ServerProcess(dsn, env={"CONVEYOR_SPOOL_DIR": str(spool_dir)}).start()
-        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=10) as c:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": "t"}, timeout=CLIENT_TIMEOUT) as c:
             async def send(body: str) -> int:
                 return (await c.post("/v1/queues/full-std/messages", json={"message": body})).status_code
 

@@ -19,6 +19,11 @@ from support.server import ServerProcess
 ADMIN = {"Authorization": "Bearer admin-token"}
 WRITER = {"Authorization": "Bearer writer-token"}
 
+# seconds: a fsync (the spool's, the test cluster's commit) can wait tens of seconds
+# behind a busy machine's disk (seen in CI beside the Spark tests); the server's own
+# request deadline (30 s) answers first
+CLIENT_TIMEOUT = 45
+
 
 def _push(c: httpx.AsyncClient, headers: dict[str, str], *queues: str):
     return c.post("/api/v1/push", headers=headers, json={"items": [{"queue": q, "payload": q} for q in queues]})
@@ -39,7 +44,7 @@ async def test_spooled_pushes_create_queues_only_within_their_bounds(cluster, tm
            "CONVEYOR_QUEEN_CREATE_PER_PUSH": "1", "CONVEYOR_QUEEN_CREATE_MAX_QUEUES": "2"}
     server = ServerProcess(dsn, env=env).start()
     try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=10) as c:
+        async with httpx.AsyncClient(base_url=server.url, timeout=CLIENT_TIMEOUT) as c:
             assert (await _push(c, WRITER, "known")).status_code == 201  # the server learns the queue
             await asyncio.to_thread(cluster.stop)
             await c.get("/api/v1/resources/overview", headers=ADMIN)  # the first call finds the outage

@@ -13,7 +13,8 @@ from conveyor.settings import Settings
 
 @pytest.fixture
 def client(dsn):
-    app = create_app(Settings(max_request_bytes=1000, auth_mode="header", depth_scrape_interval=0.1), dsn)
+    app = create_app(Settings(max_request_bytes=1000, auth_mode="header", depth_scrape_interval=0.1,
+                              history_interval=0.1), dsn)
     with TestClient(app, headers={"Authorization": "x"}) as c:
         yield c
 
@@ -57,8 +58,12 @@ def test_metrics_families(client):
     client.post("/v1/queues/jobs/messages", json={"message": "x"})
     [m] = client.get("/v1/queues/jobs/messages").json()
     client.delete(f"/v1/queues/jobs/messages/{m['id']}")
-    time.sleep(0.3)  # a depth scrape has run since
-    text = client.get("/metrics").text
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the next depth scrape (paced: later on a busy machine)
+        text = client.get("/metrics").text
+        if 'queue_depth{queue="jobs"} 0.0' in text:
+            break
+        time.sleep(0.1)
     for family in ("http_requests_total", "http_request_duration_seconds", "http_connections_active",
                    "queue_messages_sent_total", "queue_messages_received_total", "queue_messages_deleted_total",
                    "queue_messages_redelivered_total", "queue_message_send_duration_seconds",
