@@ -53,7 +53,7 @@ class RawHttp:
 
     def request(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
         """The request's bytes (build once, send many times)."""
-        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}",
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {f'[{self.host}]' if ':' in self.host else self.host}:{self.port}",
                  *(f"{k}: {v}" for k, v in headers.items()), f"Content-Length: {len(body)}", "", ""]
         return "\r\n".join(lines).encode("latin-1") + body
 

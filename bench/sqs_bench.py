@@ -161,13 +161,24 @@ def _stat_fields(pid: int | str) -> list[str] | None:
 
 
 def _process_cpu(pid: int) -> float:
-    """The process and its live children (the workers of ``conveyor serve --workers N``)."""
-    total = 0
+    """The process and its live descendants (the workers of ``conveyor serve --workers N``, the
+    processes a peer such as LocalStack starts), each with its children that exited and were
+    waited for (cutime/cstime)."""
+    stats: dict[int, list[str]] = {}
     for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
         fields = _stat_fields(name) if name.isdigit() else None
-        # ppid is field 4; utime, stime, cutime, cstime are fields 14-17 (index 0 here is field 3)
-        if fields and (name == str(pid) or fields[1] == str(pid)):
-            total += sum(int(x) for x in fields[11:15])
+        if fields:
+            stats[int(name)] = fields
+    children: dict[int, list[int]] = {}
+    for child, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(child)  # ppid is field 4 (index 1 here)
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            # utime, stime, cutime, cstime are fields 14-17 (index 0 here is field 3)
+            total += sum(int(x) for x in stats[p][11:15])
+            todo.extend(children.get(p, ()))
     return total / _TICK
 
 
@@ -215,11 +226,55 @@ class CpuMeter:
         return {k: after[k] - before[k] for k in before}
 
 
+def _pid_cpu(pid: int) -> float:
+    fields = _stat_fields(pid)
+    return sum(int(x) for x in fields[11:15]) / _TICK if fields else 0.0
+
+
+def pids_named(comm: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{name}/comm") as f:
+                if f.read().strip() == comm:
+                    found.append(int(name))
+    return found
+
+
+class Meter:
+    """CPU seconds of a broker's processes (peers_bench.py): those ``pids()`` names, the
+    process tree under ``tree``, and as "postgres" the PostgreSQL backends ``backends()``
+    lists; ``sample()`` as CpuMeter's."""
+
+    def __init__(self, pids: Callable[[], list[int]], tree: int | None = None,
+                 backends: Callable[[], list[int]] | None = None) -> None:
+        self.pids, self.tree, self.backends = pids, tree, backends
+        self.last: dict[int, tuple[str, float]] = {}  # backend pid -> (its start time, CPU last read)
+
+    def sample(self) -> dict[str, float]:
+        t = os.times()
+        out = {"client": t.user + t.system, "server": sum(_pid_cpu(p) for p in self.pids())}
+        if self.tree is not None:
+            out["server"] += _process_cpu(self.tree)
+        if self.backends is not None:
+            # every backend seen so far: one that has exited since (a pool closing an idle
+            # connection) keeps the CPU last read of it, so that its past is not subtracted from
+            # the cell; a pid taken by another process since (another start time) is not read
+            for pid in self.backends():
+                self.last.setdefault(pid, ("", 0.0))
+            for pid, (started, _) in list(self.last.items()):
+                fields = _stat_fields(pid)
+                if fields and started in ("", fields[19]):  # field 22, starttime
+                    self.last[pid] = (fields[19], sum(int(x) for x in fields[11:15]) / _TICK)
+            out["postgres"] = sum(seconds for _, seconds in self.last.values())
+        return out
+
+
 # -- child processes ---------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -227,11 +282,12 @@ class Child:
     """A server started here; in its own session so that Ctrl-C reaches only this script,
     whose ``finally`` stops it."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, quiet: bool) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, quiet: bool,
+                 host: str = "127.0.0.1", cwd: str | None = None) -> None:
         self.name, self.port = name, port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         out = subprocess.DEVNULL if quiet else None
-        self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, start_new_session=True)
+        self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, start_new_session=True, cwd=cwd)
 
     def wait_ready(self, path: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

@@ -34,7 +34,7 @@ def test_schemathesis_finds_no_server_errors(server, tmp_path):
     cmd = [sys.executable, "-m", "schemathesis.cli", "run", server.url + "/v1/openapi.json",
            "--url", server.url, "-H", "Authorization: schemathesis",
            "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
-           "--max-examples", "40", "--seed", "1", "--workers", "2",
+           "--max-examples", "25", "--seed", "1", "--workers", "2",
            "--request-timeout", "30", "--suppress-health-check", "all",
            "--phases", "examples,fuzzing,stateful"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)

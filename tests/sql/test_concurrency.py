@@ -109,3 +109,46 @@ async def test_fifo_receive_stops_at_a_message_another_transaction_holds(dsn, co
         assert [m.body for m in got] == ["m0"]
         await holder.rollback()
     assert [m.body for m in await messages.receive(conn, "q.fifo", qty=3)] == ["m0", "m1", "m2"]
+
+
+async def test_concurrent_pushes_that_create_partitions_never_deadlock(dsn):
+    """Pushes of ten items over the partitions of a new queue, some there already and some
+    made by the push: a push that locked the partitions it found before creating the others
+    waited, holding them, for another push's uncommitted creation, which waited for them."""
+    import random
+
+    from conveyor import errors
+    from conveyor.core import partitioned
+
+    failures: list[str] = []
+    rng = random.Random(7)
+    plans = [[[rng.sample(range(48), 10) for _ in range(12)] for _ in range(8)] for _ in range(3)]
+
+    async def pusher(queue: str, plan: list[list[int]]) -> None:
+        async with pool.connect(dsn) as c:
+            for names in plan:
+                try:
+                    await partitioned.push(c, [{"queue": queue, "partition": f"p{n}", "payload": {"n": n}}
+                                               for n in names])
+                except errors.ConveyorError as exc:
+                    failures.append(f"{type(exc).__name__}: {exc.message}")
+
+    for round_, workers in enumerate(plans):
+        await asyncio.gather(*(pusher(f"created-{round_}", plan) for plan in workers))
+    assert failures == []
+
+
+async def test_metrics_of_every_queue_while_one_is_dropped(dsn, conn):
+    """A snapshot that still sees a queue whose drop committed since (the depth scrape, the
+    dashboard) reads its metrics without its sequence, which is gone: no error."""
+    import psycopg
+
+    await queues.create(conn, "stays")
+    await queues.create(conn, "goes")
+    async with await psycopg.AsyncConnection.connect(dsn) as reader:
+        await reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await reader.execute("SELECT count(*) FROM conveyor.queues")  # the snapshot, both queues in it
+        await queues.drop(conn, "goes")
+        rows = await (await reader.execute("SELECT * FROM conveyor.queue_metrics_all()")).fetchall()
+        assert [r[0] for r in rows] == ["goes", "stays"]
+        await reader.execute("ROLLBACK")

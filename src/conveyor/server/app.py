@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from starlette.applications import Starlette
@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import conveyor
@@ -28,7 +28,7 @@ from conveyor.protocols.queen import routes as queen
 from conveyor.protocols.rest import render
 from conveyor.protocols.rest import routes as rest
 from conveyor.protocols.sns import certificate as sns_certificate
-from conveyor.server import deadline, health, middleware, scheduler, ui, webhooks, workers
+from conveyor.server import health, middleware, routing, scheduler, ui, webhooks, workers
 from conveyor.server.broker import ServerBroker
 from conveyor.server.metrics import Metrics
 from conveyor.server.supervisor import Supervisor
@@ -103,12 +103,16 @@ async def _to_dashboard(scope: Scope, receive: Receive, send: Send) -> None:
 class App(Starlette):
     """Starlette, with the AWS wire endpoints (``GET``/``POST`` on ``/`` and
     ``/{account_id}/{queue_name}``) taken on a short path: straight to the gateway through
-    the same telemetry and body limit, without the router and exception middleware that
-    the REST API needs. Those are the hot calls of SQS clients; the layers skipped cost
-    70-100 us of a SendMessage's ~580 us of server CPU (measured in process)."""
+    the edge (``middleware.Edge``, with AWS's refusals), without the router and exception
+    middleware that the REST API needs. Those are the hot calls of SQS clients; the layers
+    skipped cost 70-100 us of a SendMessage's ~580 us of server CPU (measured in process).
+    The mounted plain-HTTP APIs take a short path of their own past Starlette's router to
+    their routes (``routing.IndexedRouter``)."""
 
-    def __init__(self, *, aws: ASGIApp, hq_port: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, aws: ASGIApp, routes: list[BaseRoute], indexed: Collection[str],
+                 lifespan: Any, hq_port: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.router = routing.IndexedRouter(routes, indexed=indexed, lifespan=lifespan, on_error=_internal_error)
         self._aws = aws
         self._hq_port = hq_port
 
@@ -160,7 +164,7 @@ def _jwt_config(settings: Settings) -> jwt_tokens.JwtConfig | None:
         audience=settings.jwt_audience, issuer=settings.jwt_issuer, leeway=settings.jwt_leeway)
 
 
-def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> App:
+def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0, first_worker: bool = True) -> App:
     metrics = Metrics()
     database = Database(dsn, min_size=settings.pool_min, max_size=settings.pool_max,
                         max_waiting=settings.pool_max_waiting,
@@ -168,7 +172,8 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
     metrics.watch_pool(database.stats)
     broker = ServerBroker(settings, database, metrics)
     supervisor = Supervisor(metrics)
-    gate = middleware.Gate(settings.max_requests)  # requests in progress, over every protocol
+    limits = middleware.Limits(gate=middleware.Gate(settings.max_requests),  # requests in progress, every protocol
+                               request_timeout=settings.request_timeout, body_bytes=settings.max_request_bytes)
     policy = auth.Policy(settings.auth_mode, settings.auth_tokens, settings.aws_credentials, _jwt_config(settings))
     if policy.takes_bearers and not settings.aws_credentials:
         log.warning("auth mode %s without CONVEYOR_AWS_CREDENTIALS: SQS and SNS requests are refused "
@@ -181,7 +186,7 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
         await _startup(settings, database, open_timeout)
         await broker.start()
         workers.start(supervisor, database, metrics, maintenance_interval=settings.maintenance_interval,
-                              depth_interval=settings.depth_scrape_interval,
+                              depth_interval=settings.depth_scrape_interval, first=first_worker,
                               stream_intervals=(settings.stream_tick_interval, settings.stream_maint_interval,
                                                 settings.stream_vacuum_interval),
                               webhook_config=webhooks.config_from(
@@ -206,9 +211,8 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
     queen_v1.add_exception_handler(Exception, _internal_error)
     hq_api = hq.app(broker)
     app = App(
-        aws=middleware.Telemetry(middleware.Admission(deadline.Deadline(
-            middleware.BodyLimit(_aws_endpoint, limit=settings.max_request_bytes),
-            settings.request_timeout, _aws_timeout, metrics), gate, _aws_throttled, metrics), metrics),
+        aws=middleware.Edge(_aws_endpoint, metrics=metrics, limits=limits,
+                            answers=middleware.Answers(_aws_throttled, _aws_timeout)),
         routes=[
             Route("/livez", health.livez, methods=["GET"]),
             Route("/readyz", health.readyz, methods=["GET"]),
@@ -220,14 +224,11 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0) -> A
             Route("/SimpleNotificationService-{digest}.pem", sns_certificate.certificate, methods=["GET"]),
             Mount("/ui", ui.app(broker, settings.auth_mode, settings.history_interval)),  # docs/dashboard.md
         ],
+        indexed=("/v1", "/api/v1", hq.PREFIX),  # the APIs' short path to their routes (server/routing.py)
         middleware=[
             Middleware(ui.SecurityHeaders, prefix="/ui"),  # outermost: the server's refusals of /ui too
-            Middleware(middleware.Telemetry, metrics=metrics),
-            Middleware(middleware.Admission, gate=gate, refuse=middleware.refuse_rest, metrics=metrics),
-            Middleware(deadline.Deadline, seconds=settings.request_timeout, answer=deadline.answer_rest,
-                       metrics=metrics),
-            Middleware(middleware.BodyLimit, limit=settings.max_request_bytes),
-            Middleware(middleware.Auth, policy=policy),
+            Middleware(middleware.Edge, metrics=metrics, limits=limits, answers=middleware.REST_ANSWERS,
+                       policy=policy),
         ],
         exception_handlers={Exception: _internal_error, HTTPException: rest.http_error},
         lifespan=lifespan,

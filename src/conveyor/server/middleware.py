@@ -1,9 +1,17 @@
-"""Pure ASGI middleware: request metrics, authentication, request size limits."""
+"""The server's one edge layer (pure ASGI): what every request passes before its protocol
+sees it, in one place and one wrapper of ``send``: request metrics and the request's span,
+admission control, the request deadline, the body size limit and, for the plain-HTTP APIs,
+authentication. The AWS endpoints and the plain-HTTP APIs each get an ``Edge`` with their
+protocol's refusals (``Answers``); the two share the server's ``Gate`` and metrics."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -12,7 +20,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from conveyor import errors, tracing
 from conveyor.protocols import auth
 from conveyor.protocols.rest import render
+from conveyor.server import deadline
 from conveyor.server.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/v1/openapi.json", "/SimpleNotificationService.pem"})
 # The dashboard's page and its static files hold no data: a browser loads them without
@@ -28,7 +39,7 @@ def open_to_all(path: str) -> bool:
 
 async def reply(send: Send, status: int, error: str, code: str,
                 headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-    """A REST error answered from ASGI middleware (the REST API's error body)."""
+    """A REST error answered from the edge (the REST API's error body)."""
     body = orjson.dumps({"error": error, "code": code})
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
@@ -47,75 +58,6 @@ def _route_label(scope: Scope) -> str:
     return scope.get("root_path", "") + template
 
 
-class Telemetry:
-    """http_requests_total, http_request_duration_seconds, http_connections_active."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    def _record(self, method: str, path: str, status: int, seconds: float) -> None:
-        # labels are route templates (not raw paths), so the set of series stays small
-        m = self.metrics
-        m.series(m.http_requests, method, path, str(status)).inc()
-        m.series(m.http_duration, method, path).observe(seconds)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-        started = time.perf_counter()
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        self.metrics.http_active.inc()
-        headers = ({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-                   if tracing.enabled() else {})
-        with tracing.request_span(scope["method"], scope["path"], headers) as span:
-            try:
-                await self.app(scope, receive, send_wrapper)
-            finally:
-                self.metrics.http_active.dec()
-                route = _route_label(scope)
-                self._record(scope["method"], route, status, time.perf_counter() - started)
-                if span is not None:
-                    span.update_name(f"{scope['method']} {route}")
-                    span.set_attribute("http.response.status_code", status)
-                    span.set_attribute("http.route", route)
-
-
-class Auth:
-    """Authentication of every plain-HTTP route (REST, and any API added beside it) by the
-    server's one policy (``conveyor.protocols.auth``); the identity it proves is left in
-    the scope (``conveyor.identity``) for the role checks of the handlers. Missing or wrong
-    credentials are 401 with a ``WWW-Authenticate`` challenge and the REST error body ("who
-    are you?"); a role that may not act is the handlers' 403 ("not allowed"). Health, metrics, the OpenAPI document and the SNS
-    certificate stay open; the AWS endpoints never come here (the app's short path) and
-    ask the same policy in AWS's terms."""
-
-    def __init__(self, app: ASGIApp, policy: auth.Policy) -> None:
-        self.app = app
-        self.policy = policy
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or open_to_all(scope["path"]):
-            await self.app(scope, receive, send)
-            return
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        try:
-            scope["conveyor.identity"] = self.policy.http(None if header is None else header.decode("latin-1"))
-        except errors.Unauthorized as exc:
-            challenge = render.challenge(header is not None).encode()
-            await reply(send, 401, exc.message, "Unauthorized", ((b"www-authenticate", challenge),))
-            return
-        await self.app(scope, receive, send)
-
-
 class Gate:
     """The requests in progress in one server process, against a limit."""
 
@@ -127,35 +69,6 @@ class Gate:
 Refuse = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-class Admission:
-    """Admission control at the edge: beyond ``gate.limit`` requests in progress (long
-    polls included), a request is refused at once by ``refuse``, in its protocol's terms
-    (SQS RequestThrottled, SNS Throttled, REST 503 with Retry-After), and counted in
-    ``conveyor_admission_refused_total{stage="requests"}`` (fusion and the pool count
-    theirs as ``fusion`` and ``pool``). Health and metrics always pass."""
-
-    def __init__(self, app: ASGIApp, gate: Gate, refuse: Refuse, metrics: Metrics) -> None:
-        self.app = app
-        self.gate = gate
-        self.refuse = refuse
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        gate = self.gate
-        if gate.active >= gate.limit:
-            self.metrics.series(self.metrics.admission_refused, "requests").inc()
-            await self.refuse(scope, receive, send)
-            return
-        gate.active += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            gate.active -= 1
-
-
 async def refuse_rest(scope: Scope, receive: Receive, send: Send) -> None:
     """The answer to an overloaded server on the plain-HTTP APIs: REST's 503 with
     Retry-After; for Queen's API (/api/), the 429 with Retry-After its clients back off on."""
@@ -164,34 +77,178 @@ async def refuse_rest(scope: Scope, receive: Receive, send: Send) -> None:
                 ((b"retry-after", b"1"),))
 
 
-class BodyLimit:
-    """Reject request bodies over ``limit`` bytes with 413, whether announced by
-    Content-Length or discovered while streaming. Either way the rejection is raised where
-    the body is read, as an ``HTTPException``, so that each protocol answers it in its own
-    format (the REST API's JSON error, an AWS error for SQS and SNS clients); an announced
-    length over the limit is refused before a byte of the body is read."""
+async def timeout_rest(scope: Scope, receive: Receive, send: Send) -> None:
+    await reply(send, 408, "the request took longer than the server's request timeout; retry it", "RequestTimeout")
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+
+@dataclasses.dataclass(frozen=True)
+class Answers:
+    """A protocol's answers from the edge: to a request refused by admission control
+    (SQS RequestThrottled, SNS Throttled, REST 503, Queen 429), and to one cut by the
+    deadline (the protocol's 408)."""
+
+    refused: Refuse
+    timed_out: Refuse
+
+
+REST_ANSWERS = Answers(refuse_rest, timeout_rest)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The edge's settings: requests in progress (``gate``, shared by every protocol),
+    seconds before a request is cancelled (0: never), bytes of a request body."""
+
+    gate: Gate
+    request_timeout: float
+    body_bytes: int
+
+
+def _too_large(limit: int) -> HTTPException:
+    return HTTPException(413, f"request body larger than {limit} bytes")
+
+
+class Edge:
+    """Every request, in order:
+
+    - **telemetry**: ``http_requests_total``, ``http_request_duration_seconds`` (labelled by
+      route template, so the set of series stays small), ``http_connections_active``, and
+      the request's span when tracing is on;
+    - **admission**: beyond ``gate.limit`` requests in progress (long polls included), a
+      request is refused at once in its protocol's terms and counted in
+      ``conveyor_admission_refused_total{stage="requests"}`` (fusion and the pool count
+      theirs as ``fusion`` and ``pool``). Health and metrics always pass;
+    - **the deadline** (seed 000's TimeoutLayer): a request still running after
+      ``request_timeout`` seconds is cancelled and answered 408 in its protocol's terms,
+      unless its answer has begun; long-poll waits do not count (``deadline.waiting``);
+    - **the body limit**: a body over ``body_bytes``, announced by Content-Length or
+      discovered while streaming, is refused where it is read, as an ``HTTPException`` 413,
+      so that each protocol answers it in its own format; an announced length over the
+      limit is refused before a byte is read. A body whose announced length is within the
+      limit is read as is (the HTTP parser delivers no more than it announced);
+    - **authentication** (``policy``, the plain-HTTP APIs; the AWS endpoints ask the same
+      policy in AWS's terms): the identity proven is left in the scope
+      (``conveyor.identity``) for the handlers' role checks; missing or wrong credentials
+      are 401 with a ``WWW-Authenticate`` challenge and the REST error body. Health,
+      metrics, the OpenAPI document, the dashboard's page and the SNS certificate stay open.
+    """
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics, limits: Limits, answers: Answers,
+                 policy: auth.Policy | None = None) -> None:
         self.app = app
-        self.limit = limit
+        self.metrics = metrics
+        self.limits = limits
+        self.answers = answers
+        self.policy = policy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        announced_over = length is not None and (not length.isdigit() or int(length) > self.limit)
-        seen = 0
+        if not tracing.enabled():
+            await self._observe(scope, receive, send, None)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        with tracing.request_span(scope["method"], scope["path"], headers) as span:
+            await self._observe(scope, receive, send, span)
 
-        async def limited_receive() -> Message:
-            nonlocal seen
-            if announced_over:
-                raise HTTPException(413, f"request body larger than {self.limit} bytes")
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise HTTPException(413, f"request body larger than {self.limit} bytes")
-            return message
+    async def _observe(self, scope: Scope, receive: Receive, send: Send, span: Any) -> None:
+        status = 500
+        answered = False
 
-        await self.app(scope, limited_receive, send)
+        async def sender(message: Message) -> None:
+            nonlocal status, answered
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            answered = True
+            await send(message)
+
+        metrics = self.metrics
+        metrics.http_active.inc()
+        started = time.perf_counter()
+        try:
+            await self._admit(scope, receive, sender, lambda: answered)
+        finally:
+            metrics.http_active.dec()
+            route = _route_label(scope)
+            metrics.series(metrics.http_requests, scope["method"], route, str(status)).inc()
+            metrics.series(metrics.http_duration, scope["method"], route).observe(time.perf_counter() - started)
+            if span is not None:
+                span.update_name(f"{scope['method']} {route}")
+                span.set_attribute("http.response.status_code", status)
+                span.set_attribute("http.route", route)
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send, answered: Callable[[], bool]) -> None:
+        path = scope["path"]
+        if path in OPEN_PATHS:
+            await self._enter(scope, receive, send)
+            return
+        limits = self.limits
+        gate = limits.gate
+        if gate.active >= gate.limit:
+            self.metrics.series(self.metrics.admission_refused, "requests").inc()
+            await self.answers.refused(scope, receive, send)
+            return
+        gate.active += 1
+        try:
+            seconds = limits.request_timeout
+            if seconds <= 0:
+                await self._enter(scope, receive, send)
+                return
+            timeout = asyncio.timeout(seconds)
+            token = deadline.current.set(timeout)
+            try:
+                async with timeout:
+                    await self._enter(scope, receive, send)
+            except TimeoutError:
+                if not timeout.expired():
+                    raise  # a timeout of the request's own, not the deadline
+                self.metrics.request_timeouts.inc()
+                log.warning("%s %s cancelled after %ss (CONVEYOR_REQUEST_TIMEOUT)", scope["method"], path, seconds)
+                if not answered():
+                    await self.answers.timed_out(scope, receive, send)
+            finally:
+                deadline.current.reset(token)
+        finally:
+            gate.active -= 1
+
+    async def _enter(self, scope: Scope, receive: Receive, send: Send) -> None:
+        length = authorization = None
+        chunked = False
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                length = value
+            elif key == b"authorization":
+                authorization = value
+            elif key == b"transfer-encoding":
+                chunked = True
+        limit = self.limits.body_bytes
+        if length is None or chunked or not length.isdigit() or int(length) > limit:
+            receive = _limited(receive, limit, announced_over=length is not None and (
+                not length.isdigit() or int(length) > limit))
+        if self.policy is not None and not open_to_all(scope["path"]):
+            try:
+                scope["conveyor.identity"] = self.policy.http(
+                    None if authorization is None else authorization.decode("latin-1"))
+            except errors.Unauthorized as exc:
+                challenge = render.challenge(authorization is not None).encode()
+                await reply(send, 401, exc.message, "Unauthorized", ((b"www-authenticate", challenge),))
+                return
+        await self.app(scope, receive, send)
+
+
+def _limited(receive: Receive, limit: int, *, announced_over: bool) -> Receive:
+    seen = 0
+
+    async def limited_receive() -> Message:
+        nonlocal seen
+        if announced_over:
+            raise _too_large(limit)
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise _too_large(limit)
+        return message
+
+    return limited_receive

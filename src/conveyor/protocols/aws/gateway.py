@@ -70,7 +70,7 @@ def _is_sns_call(request: Request, body: bytes, query: bytes) -> bool:
 async def endpoint(request: Request) -> Response:
     try:
         body = await request.body()
-    except HTTPException as exc:  # over the server's body limit (see server.middleware.BodyLimit)
+    except HTTPException as exc:  # over the server's body limit (see server.middleware.Edge)
         return unread(request, "RequestEntityTooLarge", exc.detail)
     if is_sns(request, body):
         return await sns.handle(request.app.state.aws, request, body)

@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor import errors
-from conveyor.protocols import auth
 from conveyor.protocols.broker import Broker
 from conveyor.protocols.rest import render
 
@@ -35,11 +34,6 @@ class HqError(Exception):
 
 def broker(request: Request) -> Broker:
     found: Broker = request.app.state.broker
-    return found
-
-
-def identity(request: Request) -> auth.Identity:
-    found: auth.Identity = request.scope.get("conveyor.identity", auth.ADMIN)
     return found
 
 

@@ -5,7 +5,6 @@ role it needs. Served under /hq on the server's port and at the root of the hq p
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -17,6 +16,7 @@ from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor import errors
+from conveyor.protocols.endpoints import guarded
 from conveyor.protocols.hq import messages, queues
 from conveyor.protocols.hq import request as req
 
@@ -48,22 +48,6 @@ ENDPOINTS = [
 ]
 
 
-def _guarded(endpoint: Endpoint) -> Handler:
-    """The handler behind its role check, errors answered in hq's format."""
-
-    @functools.wraps(endpoint.handler)
-    async def handle(request: Request) -> Response:
-        identity = req.identity(request)
-        try:
-            if not identity.may(endpoint.role):
-                raise errors.PermissionDenied(f"this needs the {endpoint.role} role; the caller has {identity.role}")
-            return await endpoint.handler(request)
-        except (errors.ConveyorError, req.HqError) as exc:
-            return req.error(exc)
-
-    return handle
-
-
 async def _http_error(request: Request, exc: Exception) -> Response:
     """axum's answers: an unknown route or method has an empty body; a body over the
     server's limit (raised where it is read) is 413 in plain text."""
@@ -93,7 +77,8 @@ class _TrimSlash:
 
 def app(broker: object) -> ASGIApp:
     """The hq sub-application (mounted at ``PREFIX``)."""
-    sub = Starlette(routes=[Route(e.path, _guarded(e), methods=[e.method]) for e in ENDPOINTS],
+    sub = Starlette(routes=[Route(e.path, guarded(e.handler, e.role, req.error, (errors.ConveyorError, req.HqError)),
+                                       methods=[e.method]) for e in ENDPOINTS],
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error})
     assert isinstance(sub.router, Router)
     sub.router.redirect_slashes = False

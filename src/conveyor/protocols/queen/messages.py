@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from conveyor import errors
 from conveyor.core import partitioned
-from conveyor.protocols import auth
+from conveyor.protocols import auth, endpoints
 from conveyor.protocols.queen import request as req
 
 MAX_ITEMS = 10000
@@ -47,7 +47,7 @@ class CreateOnPush:
 def _creating(request: Request) -> Iterator[int]:
     """How many queues this caller's push may create; a refusal said in full."""
     policy: CreateOnPush = request.app.state.create_on_push
-    identity = req.identity(request)
+    identity = endpoints.identity(request)
     try:
         yield policy.creatable(identity)
     except errors.QueueLimitReached as exc:
@@ -61,7 +61,7 @@ def _stamped(request: Request, items: Any) -> list[dict[str, Any]]:
         raise errors.InvalidInput("items array is required")
     if len(items) > MAX_ITEMS:
         raise errors.InvalidInput(f"a push holds at most {MAX_ITEMS} items")
-    principal = req.identity(request).principal
+    principal = endpoints.identity(request).principal
     stamped = []
     for item in items:
         if not isinstance(item, dict):

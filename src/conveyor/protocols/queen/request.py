@@ -12,7 +12,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor import errors, json_input
-from conveyor.protocols import auth
 from conveyor.protocols.broker import Broker
 from conveyor.protocols.rest import render
 
@@ -21,11 +20,6 @@ MAX_PAGE = 10000
 
 def broker(request: Request) -> Broker:
     found: Broker = request.app.state.broker
-    return found
-
-
-def identity(request: Request) -> auth.Identity:
-    found: auth.Identity = request.scope.get("conveyor.identity", auth.ADMIN)
     return found
 
 

@@ -4,7 +4,6 @@ levels: read-only = read, read-write = write, admin = admin), served under /api/
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -14,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from conveyor import errors
+from conveyor.protocols.endpoints import guarded
 from conveyor.protocols.queen import admin, messages
 from conveyor.protocols.queen import request as req
 
@@ -83,22 +82,6 @@ ENDPOINTS = [
 ]
 
 
-def _guarded(endpoint: Endpoint) -> Handler:
-    """The handler behind its role check, errors answered in Queen's format."""
-
-    @functools.wraps(endpoint.handler)
-    async def handle(request: Request) -> Response:
-        identity = req.identity(request)
-        try:
-            if not identity.may(endpoint.role):
-                raise errors.PermissionDenied(f"this needs the {endpoint.role} role; the caller has {identity.role}")
-            return await endpoint.handler(request)
-        except errors.ConveyorError as exc:
-            return req.error(exc)
-
-    return handle
-
-
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "no_such_route", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code, "error")
@@ -108,7 +91,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 def app(broker: object, create_on_push: messages.CreateOnPush | None = None) -> Starlette:
     """The /api/v1 sub-application."""
-    sub = Starlette(routes=[Route(e.path, _guarded(e), methods=[e.method]) for e in ENDPOINTS],
+    sub = Starlette(routes=[Route(e.path, guarded(e.handler, e.role, req.error), methods=[e.method]) for e in ENDPOINTS],
                     exception_handlers={HTTPException: _http_error})
     sub.state.broker = broker
     sub.state.create_on_push = create_on_push or messages.CreateOnPush()

@@ -4,7 +4,6 @@ OpenAPI document alike."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Awaitable, Callable
 
 from pydantic import BaseModel
@@ -14,8 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from conveyor import errors
-from conveyor.protocols import auth
+from conveyor.protocols.endpoints import guarded
 from conveyor.protocols.rest import events, messages, models, openapi, queues, render, schedules, streams
 from conveyor.protocols.sns import certificate
 
@@ -173,22 +171,6 @@ ENDPOINTS = [
 ]
 
 
-def _guarded(endpoint: Endpoint) -> Handler:
-    """The handler behind its role check, with Conveyor errors rendered as REST errors."""
-
-    @functools.wraps(endpoint.handler)
-    async def handle(request: Request) -> Response:
-        identity: auth.Identity = request.scope.get("conveyor.identity", auth.ADMIN)
-        try:
-            if not identity.may(endpoint.role):
-                raise errors.PermissionDenied(f"this needs the {endpoint.role} role; the token has {identity.role}")
-            return await endpoint.handler(request)
-        except errors.ConveyorError as exc:
-            return render.error(exc)
-
-    return handle
-
-
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "NotFound", 405: "MethodNotAllowed", 413: "RequestTooLarge"}.get(exc.status_code, "HTTPError")
@@ -201,7 +183,7 @@ async def _openapi(request: Request) -> Response:
 
 def app(broker: object, version: str) -> Starlette:
     """The /v1 sub-application."""
-    routes = [Route(e.path, _guarded(e), methods=[e.method]) for e in ENDPOINTS]
+    routes = [Route(e.path, guarded(e.handler, e.role, render.error), methods=[e.method]) for e in ENDPOINTS]
     routes.append(Route("/openapi.json", _openapi, methods=["GET"]))
     sub = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     sub.state.broker = broker

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
-import functools
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,7 +19,7 @@ from starlette.routing import Route
 
 from conveyor import errors, types
 from conveyor.core import history, messages, move_tasks, queues, streams, topics
-from conveyor.protocols import auth
+from conveyor.protocols import endpoints
 from conveyor.protocols.broker import Broker
 from conveyor.protocols.rest import render
 from conveyor.protocols.rest import routes as rest
@@ -53,11 +52,6 @@ def _broker(request: Request) -> Broker:
     return found
 
 
-def _identity(request: Request) -> auth.Identity:
-    found: auth.Identity = request.scope.get("conveyor.identity", auth.ADMIN)
-    return found
-
-
 def _integer(request: Request, name: str, default: int, lo: int, hi: int) -> int:
     value = request.query_params.get(name, "")
     if value == "":
@@ -74,7 +68,7 @@ def _by_name(found: list[Any]) -> dict[str, Any]:
 # -- who is looking ----------------------------------------------------------------------
 
 async def whoami(request: Request) -> Response:
-    identity = _identity(request)
+    identity = endpoints.identity(request)
     return _json({"role": identity.role, "principal": identity.principal, "auth_mode": request.app.state.auth_mode,
                   "may_admin": identity.may("admin")})
 
@@ -246,25 +240,11 @@ ENDPOINTS = [
 ]
 
 
-def _guarded(endpoint: Endpoint) -> Handler:
-    """The handler behind its role check (the server decides, whatever the page shows)."""
-
-    @functools.wraps(endpoint.handler)
-    async def handle(request: Request) -> Response:
-        identity = _identity(request)
-        try:
-            if not identity.may(endpoint.role):
-                raise errors.PermissionDenied(f"this needs the {endpoint.role} role; the caller has {identity.role}")
-            return await endpoint.handler(request)
-        except errors.ConveyorError as exc:
-            return render.error(exc)
-
-    return handle
-
-
 def app(broker: object, auth_mode: str, interval: float) -> Starlette:
     """The /ui/api sub-application."""
-    sub = Starlette(routes=[Route(e.path, _guarded(e), methods=[e.method]) for e in ENDPOINTS],
+    # each route behind its role check: the server decides, whatever the page shows
+    sub = Starlette(routes=[Route(e.path, endpoints.guarded(e.handler, e.role, render.error), methods=[e.method])
+                            for e in ENDPOINTS],
                     exception_handlers={HTTPException: rest.http_error})
     sub.state.broker = broker
     sub.state.auth_mode = auth_mode

@@ -98,7 +98,9 @@ LANGUAGE sql STABLE AS $$
            count(*) FILTER (WHERE m.vt > now() AND m.receive_count = 0),
            extract(epoch FROM now() - max(m.sent_at))::integer,
            extract(epoch FROM now() - min(m.sent_at))::integer,
-           coalesce(pg_sequence_last_value(q.seq), 0),
+           -- a queue dropped since this statement's snapshot was taken has no sequence left
+           -- (to_regclass looks in the catalog as it is now, not as the snapshot saw it)
+           coalesce(CASE WHEN to_regclass(q.seq::text) IS NOT NULL THEN pg_sequence_last_value(q.seq) END, 0),
            (SELECT d.name FROM conveyor.queues d WHERE d.id = q.dead_letter_queue_id),
            (SELECT count(*) FROM conveyor.messages dm
              WHERE q.dead_letter_queue_id IS NOT NULL AND dm.queue_id = q.dead_letter_queue_id),
@@ -109,12 +111,14 @@ $$;
 
 CREATE OR REPLACE FUNCTION conveyor.queue_metrics(queue_name text) RETURNS SETOF conveyor.queue_metrics
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
-    SELECT (conveyor._metrics(conveyor._queue(queue_name))).*
+    -- the function in FROM: (conveyor._metrics(...)).* would call it once per column of
+    -- its result, ten scans of the queue where one is needed
+    SELECT m.* FROM conveyor._metrics(conveyor._queue(queue_name)) m
 $$;
 
 CREATE OR REPLACE FUNCTION conveyor.queue_metrics_all() RETURNS SETOF conveyor.queue_metrics
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
-    SELECT (conveyor._metrics(q)).* FROM conveyor.queues q ORDER BY q.name
+    SELECT m.* FROM conveyor.queues q CROSS JOIN LATERAL conveyor._metrics(q) m ORDER BY q.name
 $$;
 
 CREATE OR REPLACE VIEW conveyor.queue_info AS

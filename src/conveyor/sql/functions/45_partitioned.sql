@@ -17,10 +17,26 @@ BEGIN
     RETURN q;
 END $$;
 
+-- The rules for names, as expressions: LANGUAGE sql with one expression and no SET, so
+-- they are inlined into the statements that call them (a push checks every item's names
+-- in the statement that locks its partitions). A queue name is 1 to 128 characters of
+-- A-Z a-z 0-9 _ . : -, tested as a length and a character class: the regular expression
+-- '^[A-Za-z0-9_.:-]{1,128}$' says the same, and its bounded repetition cost PostgreSQL
+-- ~20 us per name (2 us this way).
+CREATE OR REPLACE FUNCTION conveyor._pqueue_name_ok(queue_name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(length(queue_name) BETWEEN 1 AND 128 AND queue_name !~ '[^A-Za-z0-9_.:-]', false)
+$$;
+
+CREATE OR REPLACE FUNCTION conveyor._partition_name_ok(partition_name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(length(partition_name) BETWEEN 1 AND 256 AND partition_name !~ '[\x00-\x1f]', false)
+$$;
+
 CREATE OR REPLACE FUNCTION conveyor._pqueue_name_check(queue_name text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF queue_name IS NULL OR queue_name !~ '^[A-Za-z0-9_.:-]{1,128}$' THEN
+    IF NOT conveyor._pqueue_name_ok(queue_name) THEN
         PERFORM conveyor._raise('CVV01', format(
             'invalid queue name %s: use 1 to 128 characters of A-Z, a-z, 0-9 and _ . : -',
             coalesce(quote_literal(left(queue_name, 140)), 'NULL')));
@@ -30,7 +46,7 @@ END $$;
 CREATE OR REPLACE FUNCTION conveyor._partition_name_check(partition_name text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF partition_name IS NULL OR length(partition_name) NOT BETWEEN 1 AND 256 OR partition_name ~ '[\x00-\x1f]' THEN
+    IF NOT conveyor._partition_name_ok(partition_name) THEN
         PERFORM conveyor._raise('CVV01', 'a partition name is 1 to 256 characters, no control characters');
     END IF;
 END $$;
@@ -83,13 +99,18 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+-- (plpgsql, as every function of the partitioned queues' API: see pqueue_pop_many)
 CREATE OR REPLACE FUNCTION conveyor.pqueue_listen(queue_name text, seconds integer DEFAULT 60) RETURNS timestamptz
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    until timestamptz;
+BEGIN
     UPDATE conveyor.pqueues
        SET listened_until = greatest(listened_until, now() + make_interval(secs => least(greatest(seconds, 1), 3600)))
      WHERE name = queue_name
-    RETURNING listened_until
-$$;
+    RETURNING listened_until INTO until;
+    RETURN until;
+END $$;
 
 -- Pushes a batch: items [{queue, partition?, payload, transactionId?, traceId?,
 -- producerSub?, encrypted?}], creating queues and partitions that do not exist (partition
@@ -102,6 +123,9 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
 DECLARE
     answers jsonb;
     notify record;
+    missing bigint;
+    malformed boolean;
+    awaited boolean;
 BEGIN
     IF items IS NULL OR jsonb_typeof(items) <> 'array' THEN
         PERFORM conveyor._raise('CVV01', 'items must be a JSON array');
@@ -112,24 +136,43 @@ BEGIN
     IF jsonb_array_length(items) > 10000 THEN
         PERFORM conveyor._raise('CVV01', format('a push holds at most 10000 items, got %s', jsonb_array_length(items)));
     END IF;
-    PERFORM conveyor._pqueue_name_check(x ->> 'queue'),
-            conveyor._partition_name_check(coalesce(nullif(x ->> 'partition', ''), 'Default'))
-       FROM jsonb_array_elements(items) x;
-    IF EXISTS (SELECT 1 FROM jsonb_array_elements(items) x
-                WHERE jsonb_typeof(x) <> 'object' OR length(x ->> 'transactionId') > 512) THEN
+    -- The checks in one statement: every item well formed, and how many of the queues and
+    -- partitions named are not there yet. Nothing is locked here: a push that must create
+    -- something creates it before it locks anything (below), so that no push holds a
+    -- partition while it waits for another's uncommitted creation, which waits for that
+    -- partition (a deadlock seen with the locks taken here first).
+    WITH named AS (
+        SELECT DISTINCT x ->> 'queue' AS queue, coalesce(nullif(x ->> 'partition', ''), 'Default') AS partition
+          FROM jsonb_array_elements(items) x
+    )
+    SELECT (SELECT count(*) FROM named)
+           - (SELECT count(*) FROM named n JOIN conveyor.pqueues q ON q.name = n.queue
+                JOIN conveyor.partitions p ON p.queue_id = q.id AND p.name = n.partition),
+           EXISTS (SELECT 1 FROM jsonb_array_elements(items) x
+                    WHERE jsonb_typeof(x) <> 'object' OR NOT conveyor._pqueue_name_ok(x ->> 'queue')
+                       OR NOT conveyor._partition_name_ok(coalesce(nullif(x ->> 'partition', ''), 'Default'))
+                       OR length(x ->> 'transactionId') > 512)
+      INTO missing, malformed;
+    IF malformed THEN
+        -- which rule an item breaks, in the order the rules are told
+        PERFORM conveyor._pqueue_name_check(x ->> 'queue'),
+                conveyor._partition_name_check(coalesce(nullif(x ->> 'partition', ''), 'Default'))
+           FROM jsonb_array_elements(items) x;
         PERFORM conveyor._raise('CVV01', 'each item is a JSON object; a transactionId is at most 512 characters');
     END IF;
 
-    -- queues and partitions a push names are created by it
-    INSERT INTO conveyor.pqueues (name)
-    SELECT DISTINCT x ->> 'queue' FROM jsonb_array_elements(items) x ORDER BY 1
-    ON CONFLICT (name) DO NOTHING;
-    INSERT INTO conveyor.partitions (queue_id, name)
-    SELECT DISTINCT q.id, coalesce(nullif(x ->> 'partition', ''), 'Default')
-      FROM jsonb_array_elements(items) x JOIN conveyor.pqueues q ON q.name = x ->> 'queue' ORDER BY 1, 2
-    ON CONFLICT (queue_id, name) DO NOTHING;
-
-    -- lock the partitions in id order (no deadlocks between pushes): from here on this
+    IF missing > 0 THEN
+        -- queues and partitions a push names are created by it, in name order (pushes that
+        -- create the same ones wait for each other in one order), then locked with the others
+        INSERT INTO conveyor.pqueues (name)
+        SELECT DISTINCT x ->> 'queue' FROM jsonb_array_elements(items) x ORDER BY 1
+        ON CONFLICT (name) DO NOTHING;
+        INSERT INTO conveyor.partitions (queue_id, name)
+        SELECT DISTINCT q.id, coalesce(nullif(x ->> 'partition', ''), 'Default')
+          FROM jsonb_array_elements(items) x JOIN conveyor.pqueues q ON q.name = x ->> 'queue' ORDER BY 1, 2
+        ON CONFLICT (queue_id, name) DO NOTHING;
+    END IF;
+    -- the partitions, locked in id order (no deadlocks between pushes): from here on this
     -- transaction numbers their messages, and nobody else does until it commits
     PERFORM 1 FROM conveyor.partitions p
      WHERE p.id IN (SELECT p2.id FROM jsonb_array_elements(items) x
@@ -138,7 +181,12 @@ BEGIN
                                                   AND p2.name = coalesce(nullif(x ->> 'partition', ''), 'Default'))
      ORDER BY p.id FOR UPDATE;
 
-    -- a new statement, so a new snapshot: it sees what the pushes we waited for stored
+    -- a new statement, so a new snapshot: it sees what the pushes we waited for stored.
+    -- One pass over the items, without joining them to themselves (the generic plan
+    -- expects a handful of rows and nested-loops such joins: 10,000 items took seconds):
+    -- an item is new if it is the first of its transaction id in the batch and not stored;
+    -- new ones are numbered in order per partition; a duplicate in the batch answers with
+    -- the first's message, one already stored with the stored one.
     WITH parsed AS MATERIALIZED (
         SELECT (x.ord - 1)::integer AS idx, q.name AS queue, p.name AS partition, p.id AS partition_id,
                p.uuid AS partition_uuid, p.head, x.item -> 'payload' AS payload,
@@ -146,49 +194,56 @@ BEGIN
                CASE WHEN x.item ->> 'traceId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
                     THEN (x.item ->> 'traceId')::uuid END AS trace_id,
                x.item ->> 'producerSub' AS producer_sub,
-               coalesce(x.item ->> 'encrypted', 'false') = 'true' AS is_encrypted
+               coalesce(x.item ->> 'encrypted', 'false') = 'true' AS is_encrypted,
+               q.listened_until > now() AS listened
           FROM jsonb_array_elements(items) WITH ORDINALITY AS x(item, ord)
           JOIN conveyor.pqueues q ON q.name = x.item ->> 'queue'
           JOIN conveyor.partitions p ON p.queue_id = q.id AND p.name = coalesce(nullif(x.item ->> 'partition', ''), 'Default')
-    ), fresh AS MATERIALIZED (
-        SELECT a.*, a.head + row_number() OVER (PARTITION BY a.partition_id ORDER BY a.idx) AS seq,
-               gen_random_uuid() AS message_id
-          FROM (SELECT DISTINCT ON (x.partition_id, x.transaction_id) x.* FROM parsed x
-                 ORDER BY x.partition_id, x.transaction_id, x.idx) a
-         WHERE NOT EXISTS (SELECT 1 FROM conveyor.partition_messages m
-                            WHERE m.partition_id = a.partition_id AND m.transaction_id = a.transaction_id)
+    ), judged AS MATERIALIZED (
+        SELECT x.*, x.idx = min(x.idx) OVER (PARTITION BY x.partition_id, x.transaction_id)
+                    AND NOT EXISTS (SELECT 1 FROM conveyor.partition_messages m
+                                     WHERE m.partition_id = x.partition_id AND m.transaction_id = x.transaction_id) AS is_new
+          FROM parsed x
+    ), numbered AS MATERIALIZED (
+        SELECT j.*,
+               CASE WHEN j.is_new THEN j.head + count(*) FILTER (WHERE j.is_new)
+                                                 OVER (PARTITION BY j.partition_id ORDER BY j.idx) END AS seq,
+               CASE WHEN j.is_new THEN gen_random_uuid() END AS message_id
+          FROM judged j
     ), stored AS (
         INSERT INTO conveyor.partition_messages (partition_id, seq, id, transaction_id, trace_id, payload,
                                                  is_encrypted, producer_sub)
         SELECT f.partition_id, f.seq, f.message_id, f.transaction_id, f.trace_id, f.payload, f.is_encrypted,
                f.producer_sub
-          FROM fresh f ORDER BY f.partition_id, f.seq
+          FROM numbered f WHERE f.is_new ORDER BY f.partition_id, f.seq
         RETURNING 1
     ), heads AS (
         UPDATE conveyor.partitions p SET head = n.head, head_at = clock_timestamp(), head_xid = pg_current_xact_id()
-          FROM (SELECT f.partition_id, max(f.seq) AS head FROM fresh f GROUP BY 1) n
+          FROM (SELECT f.partition_id, max(f.seq) AS head FROM numbered f WHERE f.is_new GROUP BY 1) n
          WHERE p.id = n.partition_id
         RETURNING 1
     )
     SELECT jsonb_agg(jsonb_build_object(
-               'index', x.idx, 'status', CASE WHEN f.idx IS NOT NULL THEN 'queued' ELSE 'duplicate' END,
-               'messageId', coalesce(f.message_id, first.message_id, m.id),
-               'transactionId', x.transaction_id, 'partitionId', x.partition_uuid,
-               'queue', x.queue, 'partition', x.partition, 'seq', coalesce(f.seq, first.seq, m.seq)) ORDER BY x.idx)
-      INTO answers
-      FROM parsed x
-      LEFT JOIN fresh f ON f.idx = x.idx
-      LEFT JOIN fresh first ON f.idx IS NULL AND first.partition_id = x.partition_id
-                           AND first.transaction_id = x.transaction_id
-      LEFT JOIN conveyor.partition_messages m ON f.idx IS NULL AND first.idx IS NULL
-                                             AND m.partition_id = x.partition_id AND m.transaction_id = x.transaction_id;
+               'index', a.idx, 'status', CASE WHEN a.is_new THEN 'queued' ELSE 'duplicate' END,
+               'messageId', coalesce(a.first_id, m.id), 'transactionId', a.transaction_id,
+               'partitionId', a.partition_uuid, 'queue', a.queue, 'partition', a.partition,
+               'seq', coalesce(a.first_seq, m.seq)) ORDER BY a.idx),
+           coalesce(bool_or(a.listened AND a.is_new), false)
+      INTO answers, awaited
+      FROM (SELECT f.*, first_value(f.message_id) OVER w AS first_id, first_value(f.seq) OVER w AS first_seq
+              FROM numbered f WINDOW w AS (PARTITION BY f.partition_id, f.transaction_id ORDER BY f.idx)) a
+      LEFT JOIN LATERAL (SELECT m.id, m.seq FROM conveyor.partition_messages m
+                          WHERE a.first_id IS NULL AND m.partition_id = a.partition_id
+                            AND m.transaction_id = a.transaction_id) m ON true;
 
-    FOR notify IN
-        SELECT q.name, count(*) AS n FROM jsonb_array_elements(answers) a JOIN conveyor.pqueues q ON q.name = a ->> 'queue'
-         WHERE a ->> 'status' = 'queued' AND q.listened_until > now() GROUP BY q.name
-    LOOP
-        PERFORM pg_notify('conveyor_queue', notify.n || ' partitioned/' || notify.name);
-    END LOOP;
+    IF awaited THEN  -- a queue someone long-polls got messages
+        FOR notify IN
+            SELECT q.name, count(*) AS n FROM jsonb_array_elements(answers) a JOIN conveyor.pqueues q ON q.name = a ->> 'queue'
+             WHERE a ->> 'status' = 'queued' AND q.listened_until > now() GROUP BY q.name
+        LOOP
+            PERFORM pg_notify('conveyor_queue', notify.n || ' partitioned/' || notify.name);
+        END LOOP;
+    END IF;
     RETURN answers;
 END $$;
 
@@ -403,13 +458,22 @@ ALTER FUNCTION conveyor.pqueue_pop(jsonb) SET plan_cache_mode = force_generic_pl
 
 -- Several pops in one call (request fusion): one answer per request, in order. They run
 -- one after the other in one transaction, so no two of them get the same partition.
+-- plpgsql, not LANGUAGE sql: a SQL function with SET clauses is never inlined, and its
+-- statement was planned again on every call (migration 0025's lesson).
 CREATE OR REPLACE FUNCTION conveyor.pqueue_pop_many(requests jsonb) RETURNS jsonb
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
-    SELECT coalesce(jsonb_agg(conveyor.pqueue_pop(r.value) ORDER BY r.ord), '[]')
-      FROM jsonb_array_elements(CASE WHEN jsonb_typeof(requests) = 'array' THEN requests
-                                     ELSE conveyor._fail('CVV01', 'requests must be a JSON array')::text::jsonb END)
-           WITH ORDINALITY AS r(value, ord)
-$$;
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+DECLARE
+    request jsonb;
+    answers jsonb := '[]';
+BEGIN
+    IF jsonb_typeof(requests) IS DISTINCT FROM 'array' THEN
+        PERFORM conveyor._raise('CVV01', 'requests must be a JSON array');
+    END IF;
+    FOR request IN SELECT r FROM jsonb_array_elements(requests) r LOOP
+        answers := answers || jsonb_build_array(conveyor.pqueue_pop(request));
+    END LOOP;
+    RETURN answers;
+END $$;
 
 ALTER FUNCTION conveyor.pqueue_pop_many(jsonb) SET plan_cache_mode = force_generic_plan;
 
@@ -419,25 +483,43 @@ CREATE OR REPLACE FUNCTION conveyor._partition_done(partition_id bigint, group_n
 LANGUAGE plpgsql AS $$
 DECLARE
     c conveyor.partition_cursors;
-    now_done bigint[];
-    pos bigint;
 BEGIN
     SELECT * INTO c FROM conveyor.partition_cursors x
      WHERE x.partition_id = _partition_done.partition_id AND x.consumer_group = group_name;
     IF seq <= c.cursor OR seq = ANY (c.done) THEN
         RETURN;
     END IF;
-    now_done := c.done || seq;
-    pos := c.cursor;
+    PERFORM conveyor._partition_complete(c, seq, false);
+END $$;
+
+-- The work of _partition_done given the cursor row as it is (held by the caller, seq not
+-- done yet), in one UPDATE; with end_lease, that UPDATE also ends the lease once
+-- everything it covered is done (the partition's head read afresh, so a push that
+-- committed meanwhile is not missed), as an ack does. Returns whether the lease ended.
+CREATE OR REPLACE FUNCTION conveyor._partition_complete(c conveyor.partition_cursors, seq bigint, end_lease boolean)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_done bigint[] := c.done || seq;
+    pos bigint := c.cursor;
+    ended boolean;
+BEGIN
     WHILE pos + 1 = ANY (now_done) LOOP
         pos := pos + 1;
     END LOOP;
+    ended := end_lease AND c.lease_id IS NOT NULL AND pos >= c.leased_through;
     UPDATE conveyor.partition_cursors x
        SET cursor = pos, done = ARRAY(SELECT d FROM unnest(now_done) d WHERE d > pos ORDER BY d),
-           consumed = x.consumed + 1, last_consumed_at = now()
-     WHERE x.partition_id = _partition_done.partition_id AND x.consumer_group = group_name;
+           consumed = x.consumed + 1, last_consumed_at = now(),
+           lease_id = CASE WHEN ended THEN NULL ELSE x.lease_id END,
+           lease_expires_at = CASE WHEN ended THEN NULL ELSE x.lease_expires_at END,
+           leased_through = CASE WHEN ended THEN NULL ELSE x.leased_through END,
+           behind = CASE WHEN ended THEN (SELECT p.head FROM conveyor.partitions p WHERE p.id = c.partition_id) > pos
+                         ELSE x.behind END
+     WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
     DELETE FROM conveyor.partition_retries r
-     WHERE r.partition_id = _partition_done.partition_id AND r.consumer_group = group_name AND r.seq = _partition_done.seq;
+     WHERE r.partition_id = c.partition_id AND r.consumer_group = c.consumer_group AND r.seq = _partition_complete.seq;
+    RETURN ended;
 END $$;
 
 -- Moves a message to the dead letters of a group (or drops it when the queue does not
@@ -843,6 +925,7 @@ DECLARE
     lease_named text;
     live boolean;
     refusal text;
+    named_partition text := '';  -- (a partition id no ack names: the first ack looks its partition up)
     ts timestamptz := clock_timestamp();
 BEGIN
     IF acks IS NULL OR jsonb_typeof(acks) <> 'array' THEN
@@ -858,10 +941,16 @@ BEGIN
             PERFORM conveyor._raise('CVV01', format('ack status must be completed, failed, dlq or retry, got %s',
                                                     left(status, 40)));
         END IF;
-        part := NULL;
         m := NULL;
-        IF a ->> 'partitionId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+        IF a ->> 'partitionId' IS NOT DISTINCT FROM named_partition THEN
+            NULL;  -- the partition (and its queue) of the ack before: acks of a batch mostly name one
+        ELSIF a ->> 'partitionId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
             SELECT * INTO part FROM conveyor.partitions p WHERE p.uuid = (a ->> 'partitionId')::uuid;
+            SELECT * INTO q FROM conveyor.pqueues WHERE id = part.queue_id;
+            named_partition := a ->> 'partitionId';
+        ELSE
+            part := NULL;
+            named_partition := NULL;
         END IF;
         IF part.id IS NOT NULL THEN
             SELECT * INTO m FROM conveyor.partition_messages x
@@ -878,7 +967,6 @@ BEGIN
             idx := idx + 1;
             CONTINUE;
         END IF;
-        SELECT * INTO q FROM conveyor.pqueues WHERE id = part.queue_id;
         -- serialise acks of one (partition, group): the lock is the cursor row's
         SELECT * INTO c FROM conveyor.partition_cursors x
          WHERE x.partition_id = part.id AND x.consumer_group = group_name FOR UPDATE;
@@ -918,7 +1006,7 @@ BEGIN
             CONTINUE;
         END IF;
         IF status IN ('completed', 'success') THEN
-            PERFORM conveyor._partition_done(part.id, group_name, m.seq);
+            released := conveyor._partition_complete(c, m.seq, true);
             outcome := 'completed';
         ELSIF status = 'retry' THEN
             outcome := 'released';
@@ -942,9 +1030,10 @@ BEGIN
                SET lease_id = NULL, lease_expires_at = NULL, leased_through = NULL, behind = true
              WHERE x.partition_id = part.id AND x.consumer_group = group_name;
             released := true;
-        ELSE
-            -- the lease ends when everything it covered is done; the partition's head is
-            -- read afresh, so a push that committed meanwhile is not missed
+        ELSIF outcome = 'dlq' THEN
+            -- the lease ends when everything it covered is done (a completion ended it
+            -- above, in the same UPDATE); the partition's head is read afresh, so a push
+            -- that committed meanwhile is not missed
             UPDATE conveyor.partition_cursors x
                SET lease_id = NULL, lease_expires_at = NULL, leased_through = NULL,
                    behind = (SELECT p.head FROM conveyor.partitions p WHERE p.id = part.id) > x.cursor
