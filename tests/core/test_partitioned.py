@@ -36,6 +36,41 @@ async def test_push_is_idempotent_per_partition(conn):
     assert q is not None and q.lease_time == 300  # created by the push
 
 
+async def test_a_lone_item_is_pushed_as_it_would_be_among_others(conn):
+    """A push of one item to a partition that exists takes pqueue_push's one-item path;
+    pushed one at a time, the items get the answers and the stored rows that one push of
+    all of them (the general path) gives."""
+    trace = "0af7651916cd43dd8448eb211c80319c"
+    items = [{"payload": {"n": 1}, "transactionId": "a"},  # creates the partition: the general path
+             {"payload": "two", "transactionId": "b", "traceId": trace, "producerSub": "alice"},
+             {"payload": None},
+             {"payload": [3], "transactionId": "a"},  # a duplicate of the first
+             {"payload": "sealed", "transactionId": "c", "encrypted": True, "traceId": "not a uuid"},
+             {"payload": {"n": 4}, "transactionId": ""}]
+    one_by_one = [(await pq.push(conn, [{"queue": "lone", "partition": "p", **item}]))[0] for item in items]
+    together = await pq.push(conn, [{"queue": "all", "partition": "p", **item} for item in items])
+
+    def answer(a: dict, index: int) -> dict:
+        random_id = len(a["transactionId"]) == 36  # none given: a UUID of its own
+        return {k: v for k, v in a.items() if k not in ("queue", "messageId", "partitionId")} | {
+            "index": index, "transactionId": "random" if random_id else a["transactionId"]}
+
+    assert [answer(a, i) for i, a in enumerate(one_by_one)] == [answer(a, i) for i, a in enumerate(together)]
+    assert one_by_one[3]["messageId"] == one_by_one[0]["messageId"]
+    assert [a["status"] for a in one_by_one] == ["queued", "queued", "queued", "duplicate", "queued", "queued"]
+
+    async def stored(queue: str) -> list[tuple]:
+        cur = await conn.execute(
+            "SELECT m.seq, length(m.transaction_id), m.trace_id, m.payload, m.is_encrypted, m.producer_sub,"
+            " p.head, p.head_at IS NOT NULL, p.head_xid <> '0'"
+            " FROM conveyor.partition_messages m JOIN conveyor.partitions p ON p.id = m.partition_id"
+            " JOIN conveyor.pqueues q ON q.id = p.queue_id WHERE q.name = %s ORDER BY m.seq", (queue,))
+        return await cur.fetchall()
+
+    assert await stored("lone") == await stored("all")
+    assert len(await stored("lone")) == 5
+
+
 async def test_create_missing_creates_within_its_bounds_or_nothing(conn):
     await pq.configure(conn, "there")
     assert await pq.create_missing(conn, ["there", "b", "a", "b"], max_new=2, max_total=3) == ["a", "b"]

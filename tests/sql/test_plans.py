@@ -301,6 +301,8 @@ HOT: dict[str, Callable[[psycopg.Connection], Callable[[], int]]] = {
     "partitioned queue: renew, ack": lambda sql: (lambda got: lambda: (
         _pq(sql, "pqueue_renew", [{"leaseId": got[0]["leaseId"]}]), len(_pq(sql, "pqueue_ack", _acks(got))))[1])(
         _popped(sql, {"queue": "pq", "partition": "b", "batch": 10})),
+    "partitioned queue: push one": lambda sql: lambda: len(_pq(sql, "pqueue_push", [
+        {"queue": "pq", "partition": "a", "payload": 1, "transactionId": uuid.uuid4().hex}])),
     "partitioned queue: push": lambda sql: lambda: len(_pq(sql, "pqueue_push", [
         {"queue": "pq", "partition": "a", "payload": 1, "transactionId": uuid.uuid4().hex} for _ in range(10)])),
     "stream: next batch, its events, ack": lambda sql: lambda: (
