@@ -71,6 +71,37 @@ async def test_a_lone_item_is_pushed_as_it_would_be_among_others(conn):
     assert len(await stored("lone")) == 5
 
 
+async def test_pushes_to_a_partition_update_its_row_in_place(conn):
+    """A push moves its partition's head; the mark it leaves for wildcard pops changes
+    only once per 1024 transaction ids, so the update of the partition's row is HOT
+    (no new index entries) except when a push crosses into a new range of ids. Each push
+    is its own transaction here (autocommit), as a client's pushes are."""
+    await pq.push(conn, _items("hot", "p", "first") + _items("hot", "q", "first"))
+
+    async def counts() -> tuple[int, int, int]:
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+        await conn.execute("SELECT 1")  # the flush happens when a transaction ends
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cur = await conn.execute("SELECT n_tup_upd, n_tup_hot_upd, pg_current_xact_id()::text::bigint"
+                                 " FROM pg_stat_user_tables WHERE relid = 'conveyor.partitions'::regclass")
+        row = await cur.fetchone()
+        assert row is not None
+        return row
+
+    upd0, hot0, xid0 = await counts()
+    await pq.push(conn, _items("hot", "p", "one"))                      # the one-item path
+    for i in range(40):
+        await pq.push(conn, _items("hot", "p", f"a{i}") + _items("hot", "q", f"b{i}"))  # the general path
+    upd1, hot1, xid1 = await counts()
+    assert upd1 - upd0 == 81
+    ranges_crossed = (xid1 >> 10) - (xid0 >> 10)  # other tests' transactions may take ids meanwhile
+    assert (upd1 - upd0) - (hot1 - hot0) <= 2 * (ranges_crossed + 1)
+    cur = await conn.execute("SELECT p.head, p.head_xid::text::bigint FROM conveyor.partitions p"
+                             " JOIN conveyor.pqueues q ON q.id = p.queue_id WHERE q.name = 'hot' AND p.name = 'p'")
+    head, mark = await cur.fetchone()
+    assert head == 42 and mark % 1024 == 0 and xid0 < mark <= xid1 + 1024
+
+
 async def test_create_missing_creates_within_its_bounds_or_nothing(conn):
     await pq.configure(conn, "there")
     assert await pq.create_missing(conn, ["there", "b", "a", "b"], max_new=2, max_total=3) == ["a", "b"]
