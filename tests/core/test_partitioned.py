@@ -231,6 +231,45 @@ async def test_renew_keeps_the_lease(conn):
     assert gone["expiresAt"] is None
 
 
+async def test_a_batch_of_acks_settles_as_the_same_acks_one_by_one(conn):
+    """pqueue_ack writes a partition's cursor once for a run of completions; its answers
+    and the cursors, leases and retries it leaves are those of the same acks sent one per
+    call: completions out of order, a duplicate, a failure in the middle of a run (which
+    gives the lease up, so the run's later acks are refused), the completion that ends
+    the lease, and one after it."""
+    async def settle(queue: str, together: bool) -> tuple[list[dict], list[tuple]]:
+        await pq.push(conn, _items(queue, "a", "a1", "a2", "a3", "a4", "a5") + _items(queue, "b", "b1", "b2", "b3"))
+        got = await pq.pop(conn, {"queue": queue, "batch": 8, "maxPartitions": 2})
+        assert len(got["messages"]) == 8
+        acks = {m["transactionId"]: m for m in _acks(got)}
+        plan = [("a3", "completed"), ("a1", "completed"), ("b1", "completed"), ("a2", "completed"),
+                ("a2", "completed"), ("b2", "failed"), ("b3", "completed"), ("a4", "completed"),
+                ("a5", "completed"), ("a5", "completed")]
+        batch = [{**acks[t], "status": status} for t, status in plan]
+        if together:
+            answers = await pq.ack(conn, batch)
+        else:
+            answers = [{**(await pq.ack(conn, [one]))[0], "index": i} for i, one in enumerate(batch)]
+        cur = await conn.execute(
+            "SELECT p.name, x.cursor, x.done, x.consumed, x.lease_id IS NULL, x.leased_through, x.behind,"
+            " (SELECT array_agg((r.seq, r.failures)::text ORDER BY r.seq) FROM conveyor.partition_retries r"
+            "   WHERE r.partition_id = p.id AND r.consumer_group = x.consumer_group)"
+            " FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id"
+            " JOIN conveyor.pqueues q ON q.id = p.queue_id WHERE q.name = %s ORDER BY p.name", (queue,))
+        rows = await cur.fetchall()
+        return [{k: v for k, v in a.items() if k not in ("messageId", "partitionId", "queueName")}
+                for a in answers], rows
+
+    together, one_by_one = await settle("acks-together", True), await settle("acks-apart", False)
+    assert together == one_by_one
+    answers, cursors = together
+    assert [(a["success"], a.get("outcome"), a["leaseReleased"]) for a in answers] == [
+        (True, "completed", False), (True, "completed", False), (True, "completed", False),
+        (True, "completed", False), (False, None, False), (True, "retry", True), (False, None, False),
+        (True, "completed", False), (True, "completed", True), (False, None, False)]
+    assert cursors == [("a", 5, [], 5, True, None, False, None), ("b", 1, [], 1, True, None, True, ["(2,1)"])]
+
+
 async def test_out_of_order_acks_are_kept(conn):
     await pq.configure(conn, "ooo", {"leaseTime": 1})
     await pq.push(conn, _items("ooo", "p", "1", "2", "3"))

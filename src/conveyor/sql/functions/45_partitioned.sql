@@ -576,34 +576,59 @@ BEGIN
     PERFORM conveyor._partition_complete(c, seq, false);
 END $$;
 
--- The work of _partition_done given the cursor row as it is (held by the caller, seq not
--- done yet), in one UPDATE; with end_lease, that UPDATE also ends the lease once
--- everything it covered is done (the partition's head read afresh, so a push that
--- committed meanwhile is not missed), as an ack does. Returns whether the lease ended.
-CREATE OR REPLACE FUNCTION conveyor._partition_complete(c conveyor.partition_cursors, seq bigint, end_lease boolean)
-RETURNS boolean
-LANGUAGE plpgsql AS $$
+-- The cursor as it is once seq is done, in memory (nothing written): moved over the run
+-- of done messages directly after it, the rest kept in done; with end_lease, the lease
+-- ended once everything it covered is done, as an ack does. Applied one message at a
+-- time, several of them, then written once by _cursor_write (an ack of a batch).
+CREATE OR REPLACE FUNCTION conveyor._cursor_done(c conveyor.partition_cursors, seq bigint, end_lease boolean)
+RETURNS conveyor.partition_cursors
+LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     now_done bigint[] := c.done || seq;
     pos bigint := c.cursor;
-    ended boolean;
 BEGIN
     WHILE pos + 1 = ANY (now_done) LOOP
         pos := pos + 1;
     END LOOP;
-    ended := end_lease AND c.lease_id IS NOT NULL AND pos >= c.leased_through;
+    c.cursor := pos;
+    c.done := ARRAY(SELECT d FROM unnest(now_done) d WHERE d > pos ORDER BY d);
+    c.consumed := c.consumed + 1;
+    IF end_lease AND c.lease_id IS NOT NULL AND pos >= c.leased_through THEN
+        c.lease_id := NULL;
+        c.lease_expires_at := NULL;
+        c.leased_through := NULL;
+    END IF;
+    RETURN c;
+END $$;
+
+-- Writes a cursor changed by _cursor_done over its row (held by the caller), in one
+-- UPDATE, and drops the retries of the messages it marked done (seqs). Where the lease
+-- ended, whether the group is behind comes from the partition's head read afresh, so a
+-- push that committed meanwhile is not missed.
+CREATE OR REPLACE FUNCTION conveyor._cursor_write(c conveyor.partition_cursors, seqs bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
     UPDATE conveyor.partition_cursors x
-       SET cursor = pos, done = ARRAY(SELECT d FROM unnest(now_done) d WHERE d > pos ORDER BY d),
-           consumed = x.consumed + 1, last_consumed_at = now(),
-           lease_id = CASE WHEN ended THEN NULL ELSE x.lease_id END,
-           lease_expires_at = CASE WHEN ended THEN NULL ELSE x.lease_expires_at END,
-           leased_through = CASE WHEN ended THEN NULL ELSE x.leased_through END,
-           behind = CASE WHEN ended THEN (SELECT p.head FROM conveyor.partitions p WHERE p.id = c.partition_id) > pos
+       SET cursor = c.cursor, done = c.done, consumed = c.consumed, last_consumed_at = now(),
+           lease_id = c.lease_id, lease_expires_at = c.lease_expires_at, leased_through = c.leased_through,
+           behind = CASE WHEN x.lease_id IS NOT NULL AND c.lease_id IS NULL
+                         THEN (SELECT p.head FROM conveyor.partitions p WHERE p.id = c.partition_id) > c.cursor
                          ELSE x.behind END
      WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
     DELETE FROM conveyor.partition_retries r
-     WHERE r.partition_id = c.partition_id AND r.consumer_group = c.consumer_group AND r.seq = _partition_complete.seq;
-    RETURN ended;
+     WHERE r.partition_id = c.partition_id AND r.consumer_group = c.consumer_group AND r.seq = ANY (seqs);
+END $$;
+
+-- The work of _partition_done given the cursor row as it is (held by the caller, seq not
+-- done yet): one message marked done and written. Returns whether the lease ended.
+CREATE OR REPLACE FUNCTION conveyor._partition_complete(c conveyor.partition_cursors, seq bigint, end_lease boolean)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    after conveyor.partition_cursors := conveyor._cursor_done(c, seq, end_lease);
+BEGIN
+    PERFORM conveyor._cursor_write(after, ARRAY[seq]);
+    RETURN c.lease_id IS NOT NULL AND after.lease_id IS NULL;
 END $$;
 
 -- Moves a message to the dead letters of a group (or drops it when the queue does not
@@ -1011,6 +1036,12 @@ DECLARE
     refusal text;
     named_partition text := '';  -- (a partition id no ack names: the first ack looks its partition up)
     ts timestamptz := clock_timestamp();
+    -- Acks of a batch mostly complete messages of one partition for one group, in a row:
+    -- the cursor row is read (and locked) once for such a run, changed in memory by each
+    -- completion (held), and written once when the run ends (pending: the messages done
+    -- since the last write), instead of a read, an update and its foreign-key check per ack.
+    held conveyor.partition_cursors;
+    pending bigint[] := '{}';
 BEGIN
     IF acks IS NULL OR jsonb_typeof(acks) <> 'array' THEN
         PERFORM conveyor._raise('CVV01', 'acks must be a JSON array');
@@ -1052,8 +1083,17 @@ BEGIN
             CONTINUE;
         END IF;
         -- serialise acks of one (partition, group): the lock is the cursor row's
-        SELECT * INTO c FROM conveyor.partition_cursors x
-         WHERE x.partition_id = part.id AND x.consumer_group = group_name FOR UPDATE;
+        IF held.partition_id = part.id AND held.consumer_group = group_name THEN
+            c := held;  -- the row this run holds, as its acks have changed it
+        ELSE
+            IF cardinality(pending) > 0 THEN
+                PERFORM conveyor._cursor_write(held, pending);
+                pending := '{}';
+            END IF;
+            SELECT * INTO c FROM conveyor.partition_cursors x
+             WHERE x.partition_id = part.id AND x.consumer_group = group_name FOR UPDATE;
+            held := c;
+        END IF;
         -- Fencing. An ack naming a lease acts only under that lease, still held, on a
         -- message it covers. An ack naming none cannot tell whose it is: while anyone
         -- holds a live lease on the partition for the group it is refused (the holder's
@@ -1090,22 +1130,33 @@ BEGIN
             CONTINUE;
         END IF;
         IF status IN ('completed', 'success') THEN
-            released := conveyor._partition_complete(c, m.seq, true);
+            held := conveyor._cursor_done(c, m.seq, true);
+            pending := pending || m.seq;
+            released := c.lease_id IS NOT NULL AND held.lease_id IS NULL;
             outcome := 'completed';
-        ELSIF status = 'retry' THEN
-            outcome := 'released';
         ELSE
-            INSERT INTO conveyor.partition_retries AS r (partition_id, consumer_group, seq, failures, last_error)
-            VALUES (part.id, group_name, m.seq, 1, left(a ->> 'error', 4000))
-            ON CONFLICT (partition_id, consumer_group, seq)
-               DO UPDATE SET failures = r.failures + 1, last_error = excluded.last_error
-            RETURNING r.failures INTO failures;
-            IF status = 'dlq' OR failures > q.retry_limit THEN
-                PERFORM conveyor._partition_dead_letter(q, part.id, group_name, m.seq,
-                                                        coalesce(left(a ->> 'error', 4000), 'Retries exhausted'));
-                outcome := 'dlq';
+            -- the other outcomes write as they go: the run's completions first, and the
+            -- next ack reads the row again
+            IF cardinality(pending) > 0 THEN
+                PERFORM conveyor._cursor_write(held, pending);
+                pending := '{}';
+            END IF;
+            held := NULL;
+            IF status = 'retry' THEN
+                outcome := 'released';
             ELSE
-                outcome := 'retry';
+                INSERT INTO conveyor.partition_retries AS r (partition_id, consumer_group, seq, failures, last_error)
+                VALUES (part.id, group_name, m.seq, 1, left(a ->> 'error', 4000))
+                ON CONFLICT (partition_id, consumer_group, seq)
+                   DO UPDATE SET failures = r.failures + 1, last_error = excluded.last_error
+                RETURNING r.failures INTO failures;
+                IF status = 'dlq' OR failures > q.retry_limit THEN
+                    PERFORM conveyor._partition_dead_letter(q, part.id, group_name, m.seq,
+                                                            coalesce(left(a ->> 'error', 4000), 'Retries exhausted'));
+                    outcome := 'dlq';
+                ELSE
+                    outcome := 'retry';
+                END IF;
             END IF;
         END IF;
         IF outcome IN ('retry', 'released') THEN
@@ -1132,6 +1183,9 @@ BEGIN
                                                  'partitionName', part.name);
         idx := idx + 1;
     END LOOP;
+    IF cardinality(pending) > 0 THEN
+        PERFORM conveyor._cursor_write(held, pending);
+    END IF;
     RETURN answers;
 END $$;
 
