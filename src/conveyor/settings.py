@@ -230,7 +230,7 @@ class Settings:
     jwt_leeway: float = 0.0
     fusion: bool = True
     fusion_max_batch: int = 500
-    fusion_max_inflight: int = 2  # calls in flight per key (the start, with vegas)
+    fusion_max_inflight: int = 1  # calls in flight per key and process (the start, with vegas)
     fusion_concurrency: str = "static"  # or "vegas": adaptive calls in flight (server/fusion.py)
     fusion_vegas_max: int = 16
     # per operation (send, receive, delete, push, pop, ack, renew): hold for a preferred

@@ -67,7 +67,7 @@ class Concurrency(Protocol):
 
 @dataclasses.dataclass(slots=True)
 class Static:
-    fixed: int = 2
+    fixed: int = 1
 
     def limit(self) -> int:
         return self.fixed
@@ -127,7 +127,7 @@ class _Lane(Generic[Req, Res]):
 
 
 class Fuser(Generic[K, Req, Res]):
-    def __init__(self, run: Run, *, max_batch: int = 500, max_inflight: int = 2, max_pending: int = 10000,
+    def __init__(self, run: Run, *, max_batch: int = 500, max_inflight: int = 1, max_pending: int = 10000,
                  size: Callable[[Req], int] = lambda _: 1,
                  on_flush: Callable[[int], None] | None = None,
                  policy: BatchPolicy = BatchPolicy(),
