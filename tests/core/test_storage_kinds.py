@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from conveyor import errors, types
-from conveyor.core import messages, queues
+from conveyor.core import messages, queues, streams
 from conveyor.db import pool
 
 M = types.OutgoingMessage
@@ -131,6 +131,18 @@ async def test_partitions_ahead_gaps_filled_and_expired_dropped_by_id(conn):
     assert [m.id for m in await messages.peek(conn, "p", qty=100)] == list(range(30, 56))
     again = await _maintain(conn)
     assert (again["partitions_created"], again["expired_partitions"]) == (0, 0)
+
+
+async def test_maintenance_is_not_kept_out_by_the_servers_session_locks(conn, dsn):
+    """A running server holds the stream ticker's advisory lock for as long as it runs;
+    the storage upkeep's own lock is another key, so it still runs."""
+    await queues.create(conn, "p", {"storage": "partitioned", "partition_interval": 10, "partition_retention": 20,
+                                    "partition_premake": 2})
+    await messages.send_batch(conn, "p", [M(str(i)) for i in range(55)])
+    async with pool.connect(dsn) as ticker:
+        assert await streams.take_ticker_lock(ticker)
+        done = await _maintain(conn)
+    assert (done["partitions_created"], done["expired_partitions"]) == (10, 6)
 
 
 async def test_time_partitions_and_their_retention(conn):

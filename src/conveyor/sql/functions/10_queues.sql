@@ -550,7 +550,7 @@ DECLARE
     orphaned bigint := 0;
     newest bigint;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(7306554612) THEN  -- "conveyor storage"
+    IF NOT pg_try_advisory_xact_lock(7306554614) THEN  -- "conveyor storage" (not the ticker's 7306554612)
         RETURN;
     END IF;
     PERFORM set_config('lock_timeout', lock_timeout, true);
