@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -254,6 +255,7 @@ class Settings:
     poll_fallback_seconds: float = 1.0
     maintenance_interval: float = 60.0
     depth_scrape_interval: float = 15.0
+    vacuum_interval: float = 1.0
     shutdown_timeout: float = 10.0
     # how long `serve` waits at start for a database that refuses connections (still
     # starting); a wrong URL, database, role or password fails at once (conveyor.db.reach)
@@ -274,7 +276,6 @@ class Settings:
     request_timeout: float = 30.0
     stream_tick_interval: float = 0.5
     stream_maint_interval: float = 30.0
-    stream_vacuum_interval: float = 300.0
     # AWS protocols
     region: str = "us-east-1"
     account_id: str = "000000000000"
@@ -343,6 +344,8 @@ class Settings:
             raise ValueError("schedule poll must be > 0 seconds and the batch size from 1 to 10000")
         if self.history_interval <= 0 or self.history_retention < 60:
             raise ValueError("the history interval must be > 0 seconds and its retention at least 60 seconds")
+        if not 0 <= self.vacuum_interval < math.inf:
+            raise ValueError(f"the vacuum interval must be >= 0 seconds (0: none), got {self.vacuum_interval}")
 
     def _check_hq_port(self) -> None:
         """hq's port is a port of its own; hq's routes need the hq dialect, installed with it."""
@@ -417,6 +420,7 @@ _ENV: dict[str, tuple[str, Any]] = {
     "poll_fallback_seconds": ("CONVEYOR_POLL_FALLBACK_SECONDS", float),
     "maintenance_interval": ("CONVEYOR_MAINTENANCE_INTERVAL", float),
     "depth_scrape_interval": ("CONVEYOR_DEPTH_SCRAPE_INTERVAL", float),
+    "vacuum_interval": ("CONVEYOR_VACUUM_INTERVAL", float),
     "shutdown_timeout": ("CONVEYOR_SHUTDOWN_TIMEOUT", float),
     "database_wait": ("CONVEYOR_DATABASE_WAIT", float),
     "log_level": ("CONVEYOR_LOG_LEVEL", str),
@@ -424,7 +428,6 @@ _ENV: dict[str, tuple[str, Any]] = {
     "request_timeout": ("CONVEYOR_REQUEST_TIMEOUT", float),
     "stream_tick_interval": ("CONVEYOR_STREAM_TICK_INTERVAL", float),
     "stream_maint_interval": ("CONVEYOR_STREAM_MAINT_INTERVAL", float),
-    "stream_vacuum_interval": ("CONVEYOR_STREAM_VACUUM_INTERVAL", float),
     "region": ("CONVEYOR_REGION", str),
     "account_id": ("CONVEYOR_ACCOUNT_ID", str),
     "base_url": ("CONVEYOR_BASE_URL", lambda v: v.rstrip("/")),

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from conveyor import errors, types
-from conveyor.core import messages, queues, streams
+from conveyor.core import messages, queues, streams, vacuum
 from conveyor.db import pool
 
 M = types.OutgoingMessage
@@ -134,13 +134,13 @@ async def test_partitions_ahead_gaps_filled_and_expired_dropped_by_id(conn):
 
 
 async def test_maintenance_is_not_kept_out_by_the_servers_session_locks(conn, dsn):
-    """A running server holds the stream ticker's advisory lock for as long as it runs;
-    the storage upkeep's own lock is another key, so it still runs."""
+    """A running server holds the stream ticker's and the vacuum's advisory locks for as
+    long as it runs; the storage upkeep's own lock is another key, so it still runs."""
     await queues.create(conn, "p", {"storage": "partitioned", "partition_interval": 10, "partition_retention": 20,
                                     "partition_premake": 2})
     await messages.send_batch(conn, "p", [M(str(i)) for i in range(55)])
-    async with pool.connect(dsn) as ticker:
-        assert await streams.take_ticker_lock(ticker)
+    async with pool.connect(dsn) as ticker, pool.connect(dsn) as vacuumer:
+        assert await streams.take_ticker_lock(ticker) and await vacuum.take_lock(vacuumer)
         done = await _maintain(conn)
     assert (done["partitions_created"], done["expired_partitions"]) == (10, 6)
 

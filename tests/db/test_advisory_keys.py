@@ -1,5 +1,5 @@
 """Every fixed advisory-lock key of Conveyor names one thing. A server holds the stream
-ticker's key for as long as it runs, so a transaction-level lock of
+ticker's and the vacuum's keys for as long as it runs, so a transaction-level lock of
 another job on the same key would never be granted (the storage upkeep once shared the
 ticker's key and so never ran beside a server)."""
 
@@ -24,5 +24,5 @@ def test_each_fixed_key_is_used_for_one_thing_only():
     for path in SRC.rglob("*.py"):
         for key in PY_KEY.findall(path.read_text()):
             uses[int(key)].append(str(path.relative_to(SRC)))
-    assert len(uses) >= 4, uses  # migrate, ticker, plans, storage
+    assert len(uses) >= 5, uses  # migrate, ticker, plans, storage, vacuum
     assert {key: where for key, where in uses.items() if len(where) > 1} == {}

@@ -14,7 +14,8 @@ def test_parse_blocks():
         queries.parse("-- name: x\nSELECT 1\n-- name: x\nSELECT 2")
 
 
-ENTITIES = "queue|message|move_task|stream|topic|subscription|delivery|signing_key|schedule|pipeline|secret|pqueue|spool|history"
+ENTITIES = ("queue|message|move_task|stream|topic|subscription|delivery|signing_key|schedule|pipeline|secret|pqueue|spool"
+            "|history|lock|table")
 
 
 def test_every_shipped_query_is_named_entity_first_and_parameterised():

@@ -1,6 +1,6 @@
 """The server's stream worker (conveyor.server.workers.stream_ticker) against a real
-database: it ticks, runs maintenance and vacuums; only the process holding the ticker's
-advisory lock does so, and another takes over when it goes away.
+database: it ticks and runs maintenance; only the process holding the ticker's advisory
+lock does so, and another takes over when it goes away.
 
 The worker runs as a task in the test's event loop, with the intervals from Settings
 made small."""
@@ -21,14 +21,14 @@ from conveyor.db import pool
 from conveyor.server import workers
 from conveyor.settings import Settings
 
-SETTINGS = Settings(stream_tick_interval=0.05, stream_maint_interval=0.1, stream_vacuum_interval=0.2)
+SETTINGS = Settings(stream_tick_interval=0.05, stream_maint_interval=0.1)
 S = "orders"
 
 
 def start_worker(dsn: str) -> asyncio.Task[None]:
     return asyncio.create_task(workers.stream_ticker(
         dsn, tick_interval=SETTINGS.stream_tick_interval, maint_interval=SETTINGS.stream_maint_interval,
-        vacuum_interval=SETTINGS.stream_vacuum_interval, retry_interval=0.1))
+        retry_interval=0.1))
 
 
 async def stop(task: asyncio.Task[None]) -> None:
@@ -63,7 +63,7 @@ async def tick_count(conn) -> int:
     return (await cur.fetchone())[0]
 
 
-async def test_the_worker_ticks_moves_due_events_and_vacuums(dsn, conn):
+async def test_the_worker_ticks_and_moves_due_events(dsn, conn):
     await streams.create(conn, S, {"ticker_max_lag": 0})
     await streams.subscribe(conn, S, "c")
     worker = start_worker(dsn)
@@ -86,15 +86,6 @@ async def test_the_worker_ticks_moves_due_events_and_vacuums(dsn, conn):
         [again] = await eventually(lambda: streams.receive(conn, S, "c"), "the retried event")
         assert (again.id, again.retry_count) == (later.id, 1)
         await streams.ack(conn, again.batch_id)
-
-        async def vacuumed() -> bool:
-            await conn.execute("SELECT pg_stat_clear_snapshot()")
-            cur = await conn.execute("SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = 'conveyor'"
-                                     " AND relname = ANY(%s) AND last_vacuum IS NOT NULL",
-                                     ([t.split(".")[1] for t in await streams.tables_to_vacuum(conn)],))
-            return (await cur.fetchone())[0] == 5
-
-        await eventually(vacuumed, "the hot tables to be vacuumed")
     finally:
         await stop(worker)
 

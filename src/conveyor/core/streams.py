@@ -168,4 +168,4 @@ async def health(conn: Connection) -> list[tuple[str, str, str, str]]:
 
 async def take_ticker_lock(conn: Connection) -> bool:
     """On a connection held for as long as this process ticks: whether it is the ticker."""
-    return bool(await db.fetch_value(conn, "stream_ticker_lock", {"key": TICKER_LOCK_KEY}))
+    return bool(await db.fetch_value(conn, "lock_try_advisory", {"key": TICKER_LOCK_KEY}))

@@ -285,13 +285,21 @@ def _check_idle(conn: execute.Connection) -> None:
             raise _FoundClosed("the database closed this connection while it was idle (nothing was sent)")
 
 
-async def vacuum(conn: execute.Connection, table: str) -> None:
+async def vacuum(conn: execute.Connection, table: str) -> bool:
     """VACUUM one of Conveyor's tables (named by the schema itself, e.g. from
-    conveyor.maint_tables_to_vacuum(); quoted as an identifier all the same)."""
+    conveyor.tables_to_vacuum(); quoted as an identifier all the same), on an autocommit
+    connection. A table that another VACUUM (autovacuum's) holds is skipped, not waited
+    for; False if the table is gone (a queue's own, dropped since it was listed)."""
     schema, _, name = table.partition(".")
-    with execute.translated():
-        await conn.execute(psycopg.sql.SQL("VACUUM {}.{}").format(psycopg.sql.Identifier(schema),
-                                                                  psycopg.sql.Identifier(name)))
+    statement = psycopg.sql.SQL("VACUUM (SKIP_LOCKED) {}.{}").format(psycopg.sql.Identifier(schema),
+                                                                     psycopg.sql.Identifier(name))
+    try:
+        await conn.execute(statement)
+    except psycopg.errors.UndefinedTable:
+        return False
+    except psycopg.Error as exc:
+        raise execute.translate(exc) from exc
+    return True
 
 
 @contextlib.asynccontextmanager

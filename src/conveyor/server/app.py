@@ -187,8 +187,8 @@ def create_app(settings: Settings, dsn: str, *, open_timeout: float = 30.0, firs
         await broker.start()
         workers.start(supervisor, database, metrics, maintenance_interval=settings.maintenance_interval,
                               depth_interval=settings.depth_scrape_interval, first=first_worker,
-                              stream_intervals=(settings.stream_tick_interval, settings.stream_maint_interval,
-                                                settings.stream_vacuum_interval),
+                              stream_intervals=(settings.stream_tick_interval, settings.stream_maint_interval),
+                              vacuum_interval=settings.vacuum_interval,
                               webhook_config=webhooks.config_from(
                                   settings.webhook_allow, timeout=settings.webhook_timeout,
                                   batch=settings.webhook_batch, poll=settings.webhook_poll,

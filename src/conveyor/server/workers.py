@@ -1,6 +1,7 @@
 """Background workers of a server process: retention clean-up, the depth scrape, message
-move tasks (all safe to run in every process at once: the SQL uses SKIP LOCKED), and the
-stream ticker with stream maintenance (one process per database, by advisory lock). Each
+move tasks (all safe to run in every process at once: the SQL uses SKIP LOCKED), the
+stream ticker with stream maintenance, and the VACUUM of hot tables (these two in one
+process per database, by advisory lock). Each
 runs under the supervisor (server/supervisor.py): an unexpected failure is logged and the
 worker started again."""
 
@@ -13,7 +14,9 @@ from collections.abc import Awaitable, Callable
 
 from conveyor import errors, tracing
 from conveyor.core import history, move_tasks, partitioned, queues, streams
+from conveyor.core import vacuum as vacuums
 from conveyor.db import pool
+from conveyor.db.execute import Connection
 from conveyor.db.pool import Database
 from conveyor.server import scheduler, webhooks
 from conveyor.server.metrics import Metrics
@@ -30,6 +33,9 @@ SCAN_SHARE = 0.1
 # figures from it instead of counting them again (at least; three history intervals if
 # longer): /metrics then shows depths up to that old, against counting every queue twice.
 HISTORY_FRESH = 60.0
+# The most of one core's time the vacuum of hot tables may take: a hot queue's table takes
+# milliseconds, but a big table's pass over its indexes may take seconds.
+VACUUM_SHARE = 0.25
 
 
 def pause(interval: float, took: float, share: float | None = None) -> float:
@@ -94,26 +100,32 @@ async def move_dead_letters(database: Database) -> None:
         await move_tasks.step(conn)
 
 
-async def stream_ticker(dsn: str, *, tick_interval: float, maint_interval: float,
-                        vacuum_interval: float, retry_interval: float = 5.0) -> None:
-    """The streams' ticker and maintenance. One process per database does it: the one
-    holding a session advisory lock on its own connection; the others retry now and then,
-    so another takes over when the holder stops or loses its connection."""
+async def as_leader(dsn: str, what: str, take_lock: Callable[[Connection], Awaitable[bool]],
+                    job: Callable[[Connection], Awaitable[None]], retry_interval: float = 5.0) -> None:
+    """Run ``job`` (which runs for good) in one process per database: the one holding a
+    session advisory lock (``take_lock``) on its own connection; the others retry now and
+    then, so another takes over when the holder stops or loses its connection."""
     while True:
         try:
             async with pool.connect(dsn) as conn:
-                while not await streams.take_ticker_lock(conn):  # noqa: ASYNC110 - the lock is in PostgreSQL
+                while not await take_lock(conn):  # noqa: ASYNC110 - the lock is in PostgreSQL
                     await asyncio.sleep(retry_interval)
-                log.info("this process runs the stream ticker")
-                await _tick_forever(conn, tick_interval, maint_interval, vacuum_interval)
+                log.info("this process runs %s", what)
+                await job(conn)
         except errors.ConveyorError as exc:
-            log.warning("stream ticker: %s; retrying", exc)
+            log.warning("%s: %s; retrying", what, exc)
         await asyncio.sleep(retry_interval)
 
 
-async def _tick_forever(conn: object, tick_interval: float, maint_interval: float, vacuum_interval: float) -> None:
+async def stream_ticker(dsn: str, *, tick_interval: float, maint_interval: float, retry_interval: float = 5.0) -> None:
+    """The streams' ticker and maintenance, in one process per database (``as_leader``)."""
+    await as_leader(dsn, "the stream ticker", streams.take_ticker_lock,
+                    lambda conn: _tick_forever(conn, tick_interval, maint_interval), retry_interval)
+
+
+async def _tick_forever(conn: Connection, tick_interval: float, maint_interval: float) -> None:
     loop = asyncio.get_running_loop()
-    next_maint = next_vacuum = loop.time()
+    next_maint = loop.time()
     while True:
         await streams.ticker(conn)
         now = loop.time()
@@ -121,16 +133,26 @@ async def _tick_forever(conn: object, tick_interval: float, maint_interval: floa
             for _ in range(2):  # the second round completes a rotation the first began
                 await streams.maint(conn)
             next_maint = now + maint_interval
-        if now >= next_vacuum:
-            for table in await streams.tables_to_vacuum(conn):
-                await pool.vacuum(conn, table)
-            next_vacuum = now + vacuum_interval
         await asyncio.sleep(tick_interval)
+
+
+async def vacuum(dsn: str, *, interval: float, retry_interval: float = 5.0) -> None:
+    """VACUUM Conveyor's tables whose dead row versions passed conveyor.tables_to_vacuum()'s
+    bar, looked at every ``interval`` seconds (longer after long vacuums: ``VACUUM_SHARE``),
+    in one process per database (``as_leader``)."""
+    async def vacuum_forever(conn: Connection) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            await vacuums.run(conn)
+            await asyncio.sleep(pause(interval, loop.time() - began, VACUUM_SHARE))
+
+    await as_leader(dsn, "the vacuum of hot tables", vacuums.take_lock, vacuum_forever, retry_interval)
 
 
 def start(supervisor: Supervisor, database: Database, metrics: Metrics, *, maintenance_interval: float,
           depth_interval: float, first: bool = True, move_interval: float = 1.0,
-          stream_intervals: tuple[float, float, float] = (0.5, 30.0, 300.0),
+          stream_intervals: tuple[float, float] = (0.5, 30.0), vacuum_interval: float = 1.0,
           webhook_config: webhooks.Config | None = None,
           scheduler_config: scheduler.Config | None = None,
           history_config: tuple[float, float] | None = None) -> None:
@@ -138,9 +160,10 @@ def start(supervisor: Supervisor, database: Database, metrics: Metrics, *, maint
     The jobs that read every queue's messages, the depth scrape and the dashboard's
     history, run in the ``first`` worker process of a server only: their figures are the
     database's, and /metrics shows them from any worker (gauges of mode livemax)."""
-    tick, maint, vacuum = stream_intervals
-    supervisor.start("stream-ticker", lambda: stream_ticker(database.dsn, tick_interval=tick, maint_interval=maint,
-                                                            vacuum_interval=vacuum))
+    tick, maint = stream_intervals
+    supervisor.start("stream-ticker", lambda: stream_ticker(database.dsn, tick_interval=tick, maint_interval=maint))
+    if vacuum_interval > 0:
+        supervisor.start("vacuum", lambda: vacuum(database.dsn, interval=vacuum_interval))
     supervisor.start("move-tasks", lambda: every(move_interval, "message move tasks",
                                                  lambda: move_dead_letters(database)))
     supervisor.start("maintenance", lambda: every(maintenance_interval, "maintenance", lambda: maintenance(database)))

@@ -145,4 +145,30 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT coalesce(q.extra_attributes -> 'encrypted' = 'true'::jsonb, false)
 $$;
 
+-- The tables of Conveyor's schema that a VACUUM should visit now: those whose dead row
+-- versions reached 500 plus 5% of their live rows. A queue's claim walks, from the oldest
+-- visible message on, the index entries that receives and deletes left behind, until a
+-- VACUUM removes them: with a busy queue and nothing vacuuming, every receive costs more
+-- than the last. Autovacuum's own bar (50 plus 20%, looked at once a minute) lets
+-- thousands of such entries gather, and a database may run with autovacuum off; the
+-- server vacuums by this bar itself (conveyor.server.workers.vacuum). Only tables the
+-- caller may vacuum (their owner's role, or superuser); the most dead row versions first.
+CREATE OR REPLACE FUNCTION conveyor.tables_to_vacuum() RETURNS SETOF text
+LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
+    SELECT s.schemaname || '.' || s.relname
+      FROM pg_stat_user_tables s
+      JOIN pg_class c ON c.oid = s.relid
+     WHERE s.schemaname = 'conveyor'
+       AND s.n_dead_tup >= 500 + 0.05 * s.n_live_tup
+       AND pg_has_role(c.relowner, 'USAGE')
+     ORDER BY s.n_dead_tup DESC
+$$;
+
+DO $$
+BEGIN
+    GRANT EXECUTE ON FUNCTION conveyor.tables_to_vacuum() TO conveyor_admin;
+EXCEPTION WHEN undefined_object THEN
+    RAISE WARNING 'conveyor: roles missing, grants skipped (%)', SQLERRM;
+END $$;
+
 REVOKE ALL ON ALL ROUTINES IN SCHEMA conveyor FROM PUBLIC;

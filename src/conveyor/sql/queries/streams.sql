@@ -94,5 +94,3 @@ SELECT * FROM conveyor.consumer_stats()
 -- name: stream_health
 SELECT * FROM conveyor.stream_health()
 
--- name: stream_ticker_lock
-SELECT pg_try_advisory_lock(%(key)s::bigint)

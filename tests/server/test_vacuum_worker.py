@@ -1,0 +1,63 @@
+"""The server's vacuum worker (conveyor.server.workers.vacuum) against a real database: it
+vacuums a table once its dead row versions pass conveyor.tables_to_vacuum()'s bar, and
+only the process holding its advisory lock does so."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from conveyor import types
+from conveyor.core import messages, queues, vacuum
+from conveyor.server import workers
+
+TABLE = "messages_shared"
+
+
+async def last_vacuum(conn) -> object:
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    cur = await conn.execute("SELECT last_vacuum FROM pg_stat_user_tables WHERE schemaname = 'conveyor'"
+                             " AND relname = %s", (TABLE,))
+    return (await cur.fetchone())[0]
+
+
+async def lock_holders(conn) -> list[int]:
+    key = vacuum.LOCK_KEY  # a bigint key: classid = high 32 bits, objid = low 32 bits, objsubid = 1
+    cur = await conn.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+        " AND classid = %s AND objid = %s"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        (key >> 32, key & 0xFFFFFFFF))
+    return [pid for (pid,) in await cur.fetchall()]
+
+
+async def test_the_worker_vacuums_a_table_past_the_bar_in_one_process(dsn, conn):
+    await queues.create(conn, "jobs")
+    for _ in range(10):
+        await messages.send_batch(conn, "jobs", [types.OutgoingMessage(f"m{i}") for i in range(100)])
+    tasks = [asyncio.create_task(workers.vacuum(dsn, interval=0.05, retry_interval=0.1)) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 10
+        while len(await lock_holders(conn)) < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # many intervals: nothing is over the bar yet
+        assert await last_vacuum(conn) is None
+        assert len(await lock_holders(conn)) == 1, "one process vacuums"
+
+        await conn.execute("DELETE FROM conveyor.messages WHERE id % 10 <> 0")  # 900 dead, 100 live
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+        deadline = time.monotonic() + 20
+        while await last_vacuum(conn) is None:
+            assert time.monotonic() < deadline, "timed out waiting for the worker to vacuum"
+            await asyncio.sleep(0.05)
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cur = await conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = 'conveyor'"
+                                 " AND relname = %s", (TABLE,))
+        assert (await cur.fetchone())[0] == 0
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
