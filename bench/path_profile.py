@@ -3,7 +3,7 @@ running `conveyor serve` (one process) under load from raw HTTP clients, and eac
 charged to the layer of its innermost frame that belongs to one (the table below).
 
     ./bin/bench path_profile.py [--ops sqs-send sqs-query-send rest-send queen-push queen-pop-ack hq-send]
-                                [--clients 8] [--seconds 8] [--rate 250]
+                                [--clients 8] [--seconds 8] [--rate 250] [--top N]
 
 Per operation it prints the requests/s reached, the server's and its PostgreSQL backends'
 CPU per request (/proc), and the server's CPU split into layers, in us per request (the
@@ -41,7 +41,9 @@ from sqs_bench import Child, free_port
 DATABASE = "conveyor_profile_bench"
 AUTH = "AWS4-HMAC-SHA256 Credential=bench/20250101/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=0"
 BODY = "x" * 100
-OPS = ("sqs-send", "sqs-query-send", "rest-send", "queen-push", "queen-pop-ack", "hq-send", "sqs-receive-delete")
+OPS = ("sqs-send", "sqs-query-send", "rest-send", "queen-push", "queen-pop-ack", "hq-send", "sqs-receive-delete",
+       "sqs-receive10-delete10")
+PRELOAD = 150_000  # messages waiting before sqs-receive10-delete10 (not drained in 8 s)
 
 # (layer, what a frame's file path contains); the first match from the innermost frame wins
 LAYERS = [
@@ -108,6 +110,8 @@ class Load:
                 form = f"Action=SendMessage&Version=2012-11-05&QueueUrl={url}&MessageBody={BODY}".encode()
                 r = self.req("POST", "/", form, **{"Content-Type": "application/x-www-form-urlencoded"})
                 return lambda: self.ok(r)
+            if op == "sqs-receive10-delete10":
+                return await self.receive10_delete10(url)
             receive = self.req("POST", "/", orjson.dumps({"QueueUrl": url, "MaxNumberOfMessages": 1}),
                                **json10, **{"X-Amz-Target": "AmazonSQS.ReceiveMessage"})
             send = self.req("POST", "/", orjson.dumps({"QueueUrl": url, "MessageBody": BODY}),
@@ -148,9 +152,37 @@ class Load:
         return pop_ack
 
 
-async def drive(port: int, op: str, clients: int, seconds: float) -> int:
-    load = Load(port)
-    call = await load.make(op)
+    async def receive10_delete10(self, url: str):
+        """PRELOAD messages sent in batches first; then each call receives 10 and deletes
+        them with one DeleteMessageBatch (the peers bench's "receive 10 + ack")."""
+        json10 = {"Content-Type": "application/x-amz-json-1.0"}
+        batch = self.req("POST", "/", orjson.dumps({"QueueUrl": url, "Entries": [
+            {"Id": str(i), "MessageBody": BODY} for i in range(10)]}),
+            **json10, **{"X-Amz-Target": "AmazonSQS.SendMessageBatch"})
+        loaders = [RawHttp(self.http.host, self.http.port) for _ in range(16)]
+
+        async def load(http: RawHttp, n: int) -> None:
+            for _ in range(n):
+                status, body = await http.send(batch)
+                if status != 200:
+                    raise RuntimeError(f"HTTP {status}: {body[:300]!r}")
+
+        await asyncio.gather(*(load(h, PRELOAD // 10 // len(loaders)) for h in loaders))
+        for h in loaders:
+            await h.close()
+        receive = self.req("POST", "/", orjson.dumps({"QueueUrl": url, "MaxNumberOfMessages": 10}),
+                           **json10, **{"X-Amz-Target": "AmazonSQS.ReceiveMessage"})
+
+        async def call() -> None:
+            got = orjson.loads(await self.ok(receive)).get("Messages") or []
+            if got:
+                await self.ok(self.req("POST", "/", orjson.dumps({"QueueUrl": url, "Entries": [
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)]}),
+                    **json10, **{"X-Amz-Target": "AmazonSQS.DeleteMessageBatch"}))
+        return call
+
+
+async def drive(load: Load, call, clients: int, seconds: float) -> int:
     end = time.monotonic() + seconds
     done = 0
 
@@ -174,23 +206,28 @@ def profile(server: Child, dsn: str, op: str, args: argparse.Namespace, pyspy: s
 
         meter = Meter(lambda: [], tree=server.proc.pid, backends=backends)
         out = Path(tempfile.mkdtemp()) / f"{op}.txt"
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        load = Load(server.port)
+        call = runner.run(load.make(op))  # the queue, and messages to receive: not measured
         spy = subprocess.Popen([pyspy, "record", "--pid", str(server.proc.pid), "--rate", str(args.rate),
                                 "--duration", str(int(args.seconds) + 1), "--format", "raw", "--nonblocking",
                                 "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)
         before = meter.sample()
         started = time.monotonic()
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            requests = runner.run(drive(server.port, op, args.clients, args.seconds))
+        with runner:
+            requests = runner.run(drive(load, call, args.clients, args.seconds))
         took = time.monotonic() - started
         after = meter.sample()
         spy.wait(60)
     server_us = (after["server"] - before["server"]) / requests * 1e6
     pg_us = (after["postgres"] - before["postgres"]) / requests * 1e6
     counts: collections.Counter[str] = collections.Counter()
+    innermost: collections.Counter[str] = collections.Counter()
     for line in out.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if stack and n.isdigit():
+            innermost[stack.rpartition(";")[2]] += int(n)
             # a sample whose innermost Python frame is the loop's run is in uvloop's C code
             counts[IN_LOOP_NAME if stack.endswith(IN_LOOP) else layer_of(stack)] += int(n)
     total = sum(counts.values()) or 1
@@ -198,6 +235,10 @@ def profile(server: Child, dsn: str, op: str, args: argparse.Namespace, pyspy: s
           f"{server_us:,.0f} us, PostgreSQL backends {pg_us:,.0f} us; {total} samples", flush=True)
     for name, n in counts.most_common():
         print(f"  {name:<58} {n / total:6.1%} {n / total * server_us:7.0f} us")
+    if args.top:
+        print(f"  the {args.top} functions most often innermost (self time):")
+        for frame, n in innermost.most_common(args.top):
+            print(f"    {n / total:6.1%} {n / total * server_us:7.0f} us  {frame[:110]}")
 
 
 def main() -> None:
@@ -206,6 +247,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--top", type=int, default=0, help="also print the N functions most often innermost")
     args = p.parse_args()
     if not 0 < args.seconds <= 60:
         p.error("--seconds is in (0, 60]")
