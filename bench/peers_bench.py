@@ -1,7 +1,7 @@
 """Conveyor beside its peers (RabbitMQ, NATS JetStream, LocalStack, the real Queen server),
 alternating in one run.
 
-    ./bin/bench peers_bench.py [--clients 8 32] [--seconds 3] [--repeat 3] [--preload 40000]
+    ./bin/bench peers_bench.py [--clients 8 32] [--seconds 3] [--repeat 3] [--preload 100000]
                                [--systems sqs rest queen rabbit rabbit-quorum nats localstack queen-real]
                                [--rows send1 send10 receive1 receive] [--workers N]
                                [--localstack-python PATH] [--queen-server PATH]
@@ -701,7 +701,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--max-messages", type=int, default=200_000)
-    p.add_argument("--preload", type=int, default=40_000, help="messages waiting before each receive cell")
+    p.add_argument("--preload", type=int, default=100_000, help="messages waiting before each receive cell")
     p.add_argument("--partitions", type=int, default=64, help="Queen API: partitions of a queue")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     p.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
