@@ -1,6 +1,7 @@
 """conveyor.tables_to_vacuum()'s bar and conveyor.core.vacuum against a real PostgreSQL:
 a table is listed once its dead row versions reach 500 plus 5% of its live rows, a
-VACUUM takes it off the list, and a role that may not vacuum a table never sees it."""
+VACUUM takes it off the list, dead rows a VACUUM had to keep (an older transaction may
+see them) do not count again, and a role that may not vacuum a table never sees it."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ async def test_a_table_is_due_once_its_dead_rows_pass_the_bar_and_not_after_a_va
 
     await delete_some(conn, 200)  # 600 dead, 1,400 live: the bar is 570
     assert TABLE in await due_soon(conn, expect=True)
-    assert TABLE in await vacuum.run(conn)
+    assert TABLE in await vacuum.Vacuumer().run(conn)
     dead, live, last_vacuum = await stats(conn)
     assert (dead, live) == (0, 1400) and last_vacuum is not None
     assert TABLE not in await vacuum.due(conn)
@@ -79,3 +80,38 @@ async def test_a_role_that_may_not_vacuum_a_table_is_not_given_it(conn):
 async def test_a_table_dropped_since_it_was_listed_is_let_be(conn):
     assert await pool.vacuum(conn, "conveyor.messages_shared") is True
     assert await pool.vacuum(conn, "conveyor.no_such_table") is False
+
+
+async def test_dead_rows_an_older_transaction_holds_do_not_call_for_a_vacuum_again(conn, dsn):
+    await queues.create(conn, "jobs")
+    for _ in range(20):
+        await messages.send_batch(conn, "jobs", [M(f"m{i}") for i in range(100)])
+    vacuumer = vacuum.Vacuumer()
+    async with pool.connect(dsn, autocommit=False) as reader:
+        await reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        await reader.execute("SELECT count(*) FROM conveyor.messages")  # its snapshot sees every row
+        await delete_some(conn, 1000)  # 1,000 dead, 1,000 live: over the bar of 550
+        assert TABLE in await due_soon(conn, expect=True)
+        assert TABLE in await vacuumer.run(conn)
+        dead, _, _ = await stats(conn)
+        assert dead == 1000  # none could be removed
+        assert TABLE in await vacuum.due(conn)  # by the bare count, it is still due
+        assert TABLE not in await vacuum.due(conn, vacuumer.kept)  # not for the vacuumer
+        assert TABLE not in await vacuumer.run(conn)
+        await delete_some(conn, 600)  # 600 more, over the bar of 520 beyond the 1,000 kept
+        assert TABLE in await due_soon_for(conn, vacuumer)
+        await reader.rollback()
+    assert TABLE in await vacuumer.run(conn)  # the reader is gone: all of them go
+    dead, live, _ = await stats(conn)
+    assert (dead, live) == (0, 400)
+    assert TABLE not in await vacuumer.run(conn)
+
+
+async def due_soon_for(conn, vacuumer: vacuum.Vacuumer, timeout: float = 15.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        await stats(conn)
+        due = await vacuum.due(conn, vacuumer.kept)
+        if TABLE in due or time.monotonic() > deadline:
+            return due
+        await asyncio.sleep(0.1)

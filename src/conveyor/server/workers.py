@@ -142,9 +142,10 @@ async def vacuum(dsn: str, *, interval: float, retry_interval: float = 5.0) -> N
     in one process per database (``as_leader``)."""
     async def vacuum_forever(conn: Connection) -> None:
         loop = asyncio.get_running_loop()
+        vacuumer = vacuums.Vacuumer()
         while True:
             began = loop.time()
-            await vacuums.run(conn)
+            await vacuumer.run(conn)
             await asyncio.sleep(pause(interval, loop.time() - began, VACUUM_SHARE))
 
     await as_leader(dsn, "the vacuum of hot tables", vacuums.take_lock, vacuum_forever, retry_interval)

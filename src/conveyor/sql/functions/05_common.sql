@@ -153,20 +153,34 @@ $$;
 -- thousands of such entries gather, and a database may run with autovacuum off; the
 -- server vacuums by this bar itself (conveyor.server.workers.vacuum). Only tables the
 -- caller may vacuum (their owner's role, or superuser); the most dead row versions first.
-CREATE OR REPLACE FUNCTION conveyor.tables_to_vacuum() RETURNS SETOF text
+-- kept: {"conveyor.table": n} the dead row versions the caller's last VACUUM of a table
+-- could not remove (an older transaction may still see them; conveyor.dead_rows): only
+-- those beyond count, so a long transaction does not make every look vacuum again.
+DROP FUNCTION IF EXISTS conveyor.tables_to_vacuum();
+CREATE OR REPLACE FUNCTION conveyor.tables_to_vacuum(kept jsonb DEFAULT '{}') RETURNS SETOF text
 LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
-    SELECT s.schemaname || '.' || s.relname
+    SELECT t.name
+      FROM (SELECT s.schemaname || '.' || s.relname AS name, s.n_live_tup AS live, c.relowner,
+                   s.n_dead_tup - coalesce((kept ->> (s.schemaname || '.' || s.relname))::bigint, 0) AS dead
+              FROM pg_stat_user_tables s
+              JOIN pg_class c ON c.oid = s.relid
+             WHERE s.schemaname = 'conveyor') t
+     WHERE t.dead >= 500 + 0.05 * t.live
+       AND pg_has_role(t.relowner, 'USAGE')
+     ORDER BY t.dead DESC
+$$;
+
+-- The dead row versions of the named tables now (after a VACUUM: those it had to keep).
+CREATE OR REPLACE FUNCTION conveyor.dead_rows(tables text[]) RETURNS TABLE (table_name text, dead bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
+    SELECT s.schemaname || '.' || s.relname, s.n_dead_tup
       FROM pg_stat_user_tables s
-      JOIN pg_class c ON c.oid = s.relid
-     WHERE s.schemaname = 'conveyor'
-       AND s.n_dead_tup >= 500 + 0.05 * s.n_live_tup
-       AND pg_has_role(c.relowner, 'USAGE')
-     ORDER BY s.n_dead_tup DESC
+     WHERE s.schemaname = 'conveyor' AND s.schemaname || '.' || s.relname = ANY (tables)
 $$;
 
 DO $$
 BEGIN
-    GRANT EXECUTE ON FUNCTION conveyor.tables_to_vacuum() TO conveyor_admin;
+    GRANT EXECUTE ON FUNCTION conveyor.tables_to_vacuum(jsonb), conveyor.dead_rows(text[]) TO conveyor_admin;
 EXCEPTION WHEN undefined_object THEN
     RAISE WARNING 'conveyor: roles missing, grants skipped (%)', SQLERRM;
 END $$;

@@ -4,4 +4,7 @@
 SELECT pg_try_advisory_lock(%(key)s::bigint)
 
 -- name: table_vacuum_due
-SELECT * FROM conveyor.tables_to_vacuum()
+SELECT * FROM conveyor.tables_to_vacuum(%(kept)s::jsonb)
+
+-- name: table_dead_rows
+SELECT table_name, dead FROM conveyor.dead_rows(%(tables)s::text[])
