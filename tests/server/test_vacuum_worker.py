@@ -8,9 +8,12 @@ import asyncio
 import contextlib
 import time
 
+import pytest
+
 from conveyor import types
 from conveyor.core import messages, queues, vacuum
 from conveyor.server import workers
+from support.server import ServerProcess
 
 TABLE = "messages_shared"
 
@@ -61,3 +64,18 @@ async def test_the_worker_vacuums_a_table_past_the_bar_in_one_process(dsn, conn)
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+@pytest.mark.parametrize("interval, holders", [("1", 1), ("0", 0)])
+async def test_serve_runs_the_worker_unless_told_not_to(dsn, conn, interval, holders):
+    """`conveyor serve` (two processes here) vacuums in one of them; CONVEYOR_VACUUM_INTERVAL=0
+    leaves it all to autovacuum."""
+    server = ServerProcess(dsn, env={"CONVEYOR_WORKERS": "2", "CONVEYOR_VACUUM_INTERVAL": interval}).start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(await lock_holders(conn)) < holders and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        assert len(await lock_holders(conn)) == holders
+    finally:
+        server.terminate()

@@ -10,6 +10,7 @@ from conveyor.settings import Settings, parse_tokens
 def test_defaults():
     s = Settings.from_env({})
     assert (s.host, s.port, s.auth_mode, s.fusion, s.database_url) == ("127.0.0.1", 9324, "header", True, None)
+    assert s.vacuum_interval == 1.0 and Settings.from_env({"CONVEYOR_VACUUM_INTERVAL": "0"}).vacuum_interval == 0
 
 
 def test_environment_and_overrides():
@@ -31,6 +32,9 @@ def test_environment_and_overrides():
     ({"CONVEYOR_QUEEN_CREATE_ON_PUSH": "write"}, "create-on-push"),
     ({"CONVEYOR_QUEEN_CREATE_PER_PUSH": "0"}, "per push"),
     ({"CONVEYOR_QUEEN_CREATE_MAX_QUEUES": "-1"}, "per push"),
+    ({"CONVEYOR_VACUUM_INTERVAL": "-1"}, "vacuum interval"),
+    ({"CONVEYOR_VACUUM_INTERVAL": "inf"}, "vacuum interval"),
+    ({"CONVEYOR_VACUUM_INTERVAL": "nan"}, "vacuum interval"),
 ])
 def test_bad_values_name_the_variable(env, fragment):
     with pytest.raises(ValueError, match=fragment):
