@@ -150,10 +150,6 @@ async def maint(conn: Connection) -> list[tuple[str, str, int]]:
     return [(s, op, int(n)) for s, op, n in await db.fetch_all(conn, "stream_maint")]
 
 
-async def tables_to_vacuum(conn: Connection) -> list[str]:
-    return await db.fetch_column(conn, "stream_tables_to_vacuum")
-
-
 async def stats(conn: Connection) -> list[types.StreamStats]:
     return await db.fetch_all(conn, "stream_stats", row=types.StreamStats)
 

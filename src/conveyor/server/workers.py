@@ -1,9 +1,8 @@
 """Background workers of a server process: retention clean-up, the depth scrape, message
 move tasks (all safe to run in every process at once: the SQL uses SKIP LOCKED), the
 stream ticker with stream maintenance, and the VACUUM of hot tables (these two in one
-process per database, by advisory lock). Each
-runs under the supervisor (server/supervisor.py): an unexpected failure is logged and the
-worker started again."""
+process per database, by advisory lock). Each runs under the supervisor
+(server/supervisor.py): an unexpected failure is logged and the worker started again."""
 
 from __future__ import annotations
 

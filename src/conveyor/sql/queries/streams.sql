@@ -82,9 +82,6 @@ SELECT conveyor.stream_force_tick(%(name)s::text)
 -- name: stream_maint
 SELECT stream, operation, count FROM conveyor.maint()
 
--- name: stream_tables_to_vacuum
-SELECT * FROM conveyor.maint_tables_to_vacuum()
-
 -- name: stream_stats
 SELECT * FROM conveyor.stream_stats()
 
