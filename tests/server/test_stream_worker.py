@@ -20,6 +20,7 @@ from conveyor.core import streams
 from conveyor.db import pool
 from conveyor.server import workers
 from conveyor.settings import Settings
+from support.locks import advisory_lock_holders
 
 SETTINGS = Settings(stream_tick_interval=0.05, stream_maint_interval=0.1)
 S = "orders"
@@ -47,15 +48,7 @@ async def eventually(check: Callable[[], Awaitable[object]], what: str, timeout:
 
 
 async def lock_holders(conn) -> list[int]:
-    """Backends holding the ticker's advisory lock in this database (a bigint key is
-    stored as classid = high 32 bits, objid = low 32 bits, objsubid = 1)."""
-    key = streams.TICKER_LOCK_KEY
-    cur = await conn.execute(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
-        " AND classid = %s AND objid = %s"
-        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        (key >> 32, key & 0xFFFFFFFF))
-    return [pid for (pid,) in await cur.fetchall()]
+    return await advisory_lock_holders(conn, streams.TICKER_LOCK_KEY)
 
 
 async def tick_count(conn) -> int:

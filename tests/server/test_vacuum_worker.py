@@ -13,6 +13,7 @@ import pytest
 from conveyor import types
 from conveyor.core import messages, queues, vacuum
 from conveyor.server import workers
+from support.locks import advisory_lock_holders
 from support.server import ServerProcess
 
 TABLE = "messages_shared"
@@ -26,13 +27,7 @@ async def last_vacuum(conn) -> object:
 
 
 async def lock_holders(conn) -> list[int]:
-    key = vacuum.LOCK_KEY  # a bigint key: classid = high 32 bits, objid = low 32 bits, objsubid = 1
-    cur = await conn.execute(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
-        " AND classid = %s AND objid = %s"
-        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        (key >> 32, key & 0xFFFFFFFF))
-    return [pid for (pid,) in await cur.fetchall()]
+    return await advisory_lock_holders(conn, vacuum.LOCK_KEY)
 
 
 async def test_the_worker_vacuums_a_table_past_the_bar_in_one_process(dsn, conn):
