@@ -331,28 +331,6 @@ async def test_wildcard_pop_takes_several_partitions_under_one_lease(conn):
     assert {m["partition"] for m in rest["messages"]} == set("abcd") - parts
 
 
-async def test_an_empty_pop_does_not_wait_for_another_pop_of_its_group(conn, dsn):
-    """A pop that finds nothing moves its group's scan mark (consumer_groups.scanned_xid),
-    unless another pop holds the group's row: it neither waits for that one's commit nor
-    loses a push made meanwhile (a mark left lower only makes pops look at more)."""
-    await pq.push(conn, _items("idle", "p", "a"))
-    got = await pq.pop(conn, {"queue": "idle"})
-    await pq.ack(conn, _acks(got))
-    assert (await pq.pop(conn, {"queue": "idle"}))["messages"] == []  # the mark moved: nothing new
-    # a mark any empty pop would move (whatever transactions the cluster has running)
-    await conn.execute("UPDATE conveyor.consumer_groups SET scanned_xid = '0'")
-    async with pool.connect(dsn, autocommit=False) as other:
-        await other.execute("SELECT 1 FROM conveyor.consumer_groups FOR NO KEY UPDATE")  # as a pop moving it
-        empty = await asyncio.wait_for(pq.pop(conn, {"queue": "idle"}), 5)
-        assert empty["messages"] == []
-        cur = await conn.execute("SELECT scanned_xid::text FROM conveyor.consumer_groups")
-        assert await cur.fetchall() == [("0",)]  # left for the holder to move
-        await pq.push(conn, _items("idle", "p", "b") + _items("idle", "q", "c"))
-        found = await asyncio.wait_for(pq.pop(conn, {"queue": "idle", "batch": 10, "maxPartitions": 2}), 5)
-        assert sorted(m["transactionId"] for m in found["messages"]) == ["b", "c"]
-        await other.rollback()
-
-
 async def test_priority_orders_queues_of_a_namespace(conn):
     await pq.configure(conn, "low", {"priority": 1}, namespace="billing")
     await pq.configure(conn, "high", {"priority": 9}, namespace="billing")

@@ -512,16 +512,8 @@ BEGIN
             END IF;
         END LOOP;
         IF taken = 0 AND NOT skipped THEN
-            -- not if another pop holds the row (moving it too): it is only a starting
-            -- point, and one left lower makes pops look at more partitions, never fewer;
-            -- empty pops of many consumers would otherwise wait for each other's commits
-            PERFORM 1 FROM conveyor.consumer_groups x
-              WHERE x.queue_id = q.id AND x.name = group_name AND x.scanned_xid < scan_xmin
-                FOR NO KEY UPDATE SKIP LOCKED;
-            IF FOUND THEN
-                UPDATE conveyor.consumer_groups x SET scanned_xid = scan_xmin
-                 WHERE x.queue_id = q.id AND x.name = group_name;
-            END IF;
+            UPDATE conveyor.consumer_groups x SET scanned_xid = scan_xmin
+             WHERE x.queue_id = q.id AND x.name = group_name AND x.scanned_xid < scan_xmin;
         END IF;
     END LOOP;
     IF coalesce(request ->> 'autoAck', 'false') = 'true' AND jsonb_array_length(got) > 0 THEN
