@@ -54,3 +54,34 @@ def test_a_taken_port_is_said_at_once_and_nothing_announced(dsn):
     assert done.returncode != 0 and time.monotonic() - started < 20
     assert f"127.0.0.1:{port} is already in use" in out and "CONVEYOR_PORT" in out
     assert "serving on" not in out and "Traceback" not in out and "Errno" not in out
+
+
+def test_the_test_harness_does_not_take_another_servers_answer_for_its_own(dsn):
+    """ServerProcess waits for /livez; an answer from a server of another process on the
+    same port (two test workers given one port) must not pass for its server's."""
+    import http.server
+    import threading
+
+    from support.server import ServerProcess
+
+    class Live(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    squatter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Live)
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    try:
+        server = ServerProcess(dsn)
+        server.port = squatter.server_address[1]
+        server.url = f"http://127.0.0.1:{server.port}"
+        server.env["CONVEYOR_PORT"] = str(server.port)
+        with pytest.raises(RuntimeError, match="another process"):
+            server.start()
+        server.kill()
+    finally:
+        squatter.shutdown()
+        squatter.server_close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -9,22 +10,72 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
 
 _GIVEN: set[int] = set()
+# Ports for test servers: below the kernel's ephemeral range (32768-60999, where clients'
+# own ends and bind(0) land) and below the embedded clusters' 20000-32767, a slice of its
+# own for each xdist worker. Two workers asking the kernel for "any free port" could be
+# given the same one while neither server listened yet; the second test then talked to
+# the first test's server (a 404 for its queue, seen in CI).
+PORT_BASE, PORT_SLICE = 10000, 1000
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker[2:].isdigit() else 0
 
 
 def free_port() -> int:
-    """A loopback port free now and not handed out before by this process: the kernel may
-    give a port just released again, and a server's hq port and its own port must differ."""
-    while True:
+    """A loopback port free now, from this worker's slice, not handed out before by this
+    process (a server's hq port and its own port must differ)."""
+    first = PORT_BASE + (_worker_index() % 10) * PORT_SLICE
+    for port in range(first, first + PORT_SLICE):
+        if port in _GIVEN:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _GIVEN:
-            _GIVEN.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port left in {first}-{first + PORT_SLICE - 1}")
+
+
+def _process_tree(root: int) -> set[int]:
+    """root and its descendants (Linux /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")"
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return tree
+
+
+def listens_on(root: int, port: int) -> bool:
+    """Whether a process of root's tree holds the socket listening on 127.0.0.1:port."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    for pid in _process_tree(root):
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return True
+    return False
 
 
 class ServerProcess:
@@ -54,6 +105,9 @@ class ServerProcess:
                 raise RuntimeError(f"server exited early: {self.output()}")
             try:
                 if httpx.get(self.url + "/livez", timeout=1).status_code == 200:
+                    if not listens_on(self.proc.pid, self.port):  # another process's server answered
+                        self.kill()
+                        raise RuntimeError(f"port {self.port} is another process's: {self.output()}")
                     return self
             except httpx.HTTPError:
                 pass
