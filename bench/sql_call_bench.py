@@ -2,6 +2,8 @@
 statements that do the same writes: pgbench (prepared statements) runs each script for
 --seconds with --clients connections, and the CPU of those connections' backends is read
 from /proc (pg_stat_activity names them), so the other users of the server do not count.
+Meanwhile the tables past the server's vacuum bar are vacuumed every second, as a running
+server does (sqs_bench.vacuuming; its backend is not counted).
 
     ./bin/bench sql_call_bench.py [--clients 8] [--seconds 5] [--repeat 3] [--before DIR]
 
@@ -167,7 +169,7 @@ def run_polled(dsn: str, pgbench: str, name: str, script: str, clients: int, sec
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first: dict[int, float] = {}
     last: dict[int, float] = {}
-    with psycopg.connect(dsn, autocommit=True) as monitor:
+    with shared.vacuuming(dsn), psycopg.connect(dsn, autocommit=True) as monitor:
         while proc.poll() is None:
             for (pid,) in monitor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                                           "AND pid <> pg_backend_pid() AND application_name = 'pgbench'").fetchall():

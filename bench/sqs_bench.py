@@ -364,6 +364,38 @@ def create_database(name: str = DATABASE, *, migrated: bool = False) -> str:
     return dsn
 
 
+# The server's own vacuum's bar (conveyor.tables_to_vacuum: 500 dead row versions plus 5%
+# of the live rows), written out here so that a bench of an older tree, which has no such
+# function, gets the same upkeep.
+_DUE = ("SELECT format('%I.%I', schemaname, relname) FROM pg_stat_user_tables "
+        "WHERE n_dead_tup >= 500 + 0.05 * n_live_tup ORDER BY n_dead_tup DESC")
+
+
+@contextlib.contextmanager
+def vacuuming(dsn: str, interval: float = 1.0) -> Any:
+    """While the block runs, VACUUM the database's tables that pass the bar every
+    ``interval`` seconds, from a connection of its own, as a running server does
+    (CONVEYOR_VACUUM_INTERVAL) and autovacuum would if this machine ran it (it does not:
+    docs/benchmarks.md, "Vacuum"). For benches that load PostgreSQL without a server
+    (pgbench scripts): without it their figures grow with the dead rows of the runs before."""
+    done = threading.Event()
+
+    def loop() -> None:
+        with psycopg.connect(dsn, autocommit=True, application_name="bench-vacuum") as conn:
+            while not done.wait(interval):
+                for (table,) in conn.execute(_DUE).fetchall():
+                    with contextlib.suppress(psycopg.errors.UndefinedTable):
+                        conn.execute(f"VACUUM (SKIP_LOCKED) {table}".encode())
+
+    worker = threading.Thread(target=loop, daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        worker.join(30)
+
+
 def drop_database(name: str = DATABASE) -> None:
     with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
