@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -14,13 +15,13 @@ from pathlib import Path
 
 import httpx
 
-_GIVEN: set[int] = set()
 # Ports for test servers: below the kernel's ephemeral range (32768-60999, where clients'
 # own ends and bind(0) land) and below the embedded clusters' 20000-32767, a slice of its
-# own for each xdist worker. Two workers asking the kernel for "any free port" could be
-# given the same one while neither server listened yet; the second test then talked to
-# the first test's server (a 404 for its queue, seen in CI).
+# own for each xdist worker, handed out in turn. Two workers asking the kernel for "any
+# free port" could be given the same one while neither server listened yet; the second
+# test then talked to the first test's server (a 404 for its queue, seen in CI).
 PORT_BASE, PORT_SLICE = 10000, 1000
+_turn = itertools.count()
 
 
 def _worker_index() -> int:
@@ -29,18 +30,17 @@ def _worker_index() -> int:
 
 
 def free_port() -> int:
-    """A loopback port free now, from this worker's slice, not handed out before by this
-    process (a server's hq port and its own port must differ)."""
+    """A loopback port free now, the next of this worker's slice (so a server's hq port and
+    its own port, picked one after the other, differ; a port comes round again only after
+    the slice's other 999)."""
     first = PORT_BASE + (_worker_index() % 10) * PORT_SLICE
-    for port in range(first, first + PORT_SLICE):
-        if port in _GIVEN:
-            continue
+    for _ in range(PORT_SLICE):
+        port = first + next(_turn) % PORT_SLICE
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-        _GIVEN.add(port)
         return port
     raise RuntimeError(f"no free port left in {first}-{first + PORT_SLICE - 1}")
 
