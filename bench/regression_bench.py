@@ -215,7 +215,7 @@ BENCHES = {b.name: b for b in (
           ("conveyor_overload_bench",), parse_overload),
     # the SQL functions' own cost: CPU of the bench's own backends only, so the figure least
     # moved by other users of a shared machine
-    Bench("sql_call", ("--clients", "8", "--seconds", "2", "--repeat", "1", "--backlog", "20000"),
+    Bench("sql_call", ("--clients", "8", "--seconds", "2", "--repeat", "1", "--backlog", "100000"),
           ("conveyor_sql_call_bench",), parse_sql_call),
 )}
 
