@@ -40,3 +40,28 @@ async def test_the_scrape_reads_a_fresh_sample_and_counts_without_one(dsn, conn)
         assert _depth(metrics, "jobs") == 'queue_depth{queue="jobs"} 5.0'
     finally:
         await database.close()
+
+
+async def test_a_dropped_queue_leaves_no_series(dsn, conn):
+    """Each scrape replaces the figures whole: a queue dropped since the last one has no
+    series left, even when the dashboard's latest sample (from before the drop, the last
+    one while no queue is left to sample) is still fresh."""
+    await queues.create(conn, "kept")
+    await queues.create(conn, "dropped")
+    metrics = Metrics()
+    database = pool.Database(dsn, min_size=1, max_size=2)
+    await database.open(wait=True)
+    try:
+        async with database.connection() as c:
+            assert await history.record(c, dt.timedelta(hours=1)) > 0
+        await workers.depth_scrape(database, metrics, sampled_within=60)
+        assert 'queue_depth{queue="dropped"}' in metrics.render().decode()
+        await queues.drop(conn, "dropped")
+        await workers.depth_scrape(database, metrics, sampled_within=60)
+        text = metrics.render().decode()
+        assert 'queue="dropped"' not in text and 'queue_depth{queue="kept"} 0.0' in text
+        await queues.drop(conn, "kept")
+        await workers.depth_scrape(database, metrics, sampled_within=60)
+        assert 'queue_depth{' not in metrics.render().decode()
+    finally:
+        await database.close()

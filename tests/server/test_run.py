@@ -78,10 +78,12 @@ def _calls(dsn: str, function: str) -> int:
 def test_one_worker_reads_the_queue_depths_and_every_worker_shows_them(dsn, queue_name):
     """The figures of the database (queue depths) are the same for every worker: one of
     them reads them (a count of every queue's messages; two workers reading them doubled
-    the server's background cost under a backlog) and /metrics shows them from any."""
+    the server's background cost under a backlog) and /metrics shows them from any; a
+    dropped queue's series goes from every worker's /metrics (multiprocess gauges kept it)."""
     with psycopg.connect(dsn, autocommit=True) as conn:  # counts the calls of SQL functions
         conn.execute(f"ALTER DATABASE \"{conn.info.dbname}\" SET track_functions = 'all'")
-    server = ServerProcess(dsn, args=["--workers", "2"], env={"CONVEYOR_DEPTH_SCRAPE_INTERVAL": "0.2"}).start()
+    server = ServerProcess(dsn, args=["--workers", "2"], env={"CONVEYOR_DEPTH_SCRAPE_INTERVAL": "0.2",
+                                                              "CONVEYOR_HISTORY_INTERVAL": "0.5"}).start()
     try:
         httpx.post(f"{server.url}/v1/queues", json={"name": queue_name}, headers={"Authorization": "t"})
         for i in range(5):
@@ -99,6 +101,18 @@ def test_one_worker_reads_the_queue_depths_and_every_worker_shows_them(dsn, queu
         scrapes = _calls(dsn, "history_latest_queues") - before
         # one worker every 0.2 s: about 15 (two: about 30); statistics are flushed now and then
         assert 0 < scrapes <= (time.monotonic() - began) / 0.2 + 5, scrapes
+
+        assert httpx.delete(f"{server.url}/v1/queues/{queue_name}", headers={"Authorization": "t"}).status_code == 204
+        def figures(text: str) -> list[str]:  # the gauges' lines of the queue (its counters stay)
+            return [line for line in text.splitlines() if line.split("{")[0] in
+                    ("queue_depth", "queue_in_flight", "queue_delayed") and f'queue="{queue_name}"' in line]
+
+        deadline = time.monotonic() + 30
+        while figures(httpx.get(f"{server.url}/metrics").text) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for _ in range(6):
+            text = httpx.get(f"{server.url}/metrics", headers={"Connection": "close"}).text
+            assert not figures(text) and "# TYPE queue_depth gauge" in text
     finally:
         server.kill()
 

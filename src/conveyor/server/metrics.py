@@ -5,9 +5,10 @@ consumers and consumer groups, one registry per app so that several apps in one 
 With several server processes (``--workers N``) every process writes its series to the
 shared ``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode, set up by
 ``conveyor.server.run``) and ``/metrics``, answered by any of them, adds the counters and
-histograms of all; gauges say how they combine (``multiprocess_mode``): the database's
-figures (depths, lags) are the same in every process (``livemax``), requests in flight
-add up (``livesum``)."""
+histograms of all; gauges say how they combine (``multiprocess_mode``): requests in
+flight add up (``livesum``). The database's figures (depths, lags: ``_Figures``) are not
+such gauges: one process reads them and shares them through a file of that directory,
+each refresh replacing the last whole."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -49,6 +51,70 @@ class _PoolCollector:
         yield c
 
 
+# The database's figures of the depth scrape: name -> (help, label names). Their label sets
+# come and go with queues, streams, consumers and groups, so each refresh replaces a
+# family's series wholesale: a dropped queue leaves no series behind.
+_FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "queue_depth": ("Visible messages (refreshed by the depth scrape)", ("queue",)),
+    "queue_in_flight": ("Received, not yet visible again", ("queue",)),
+    "queue_delayed": ("Sent with a delay that has not run out", ("queue",)),
+    "stream_depth": ("Events not yet consumed by every consumer", ("stream",)),
+    "stream_dead_letters": ("Dead letters kept", ("stream",)),
+    "stream_consumer_lag_seconds": ("Age of the last tick a consumer finished", ("stream", "consumer")),
+    "stream_consumer_pending_events": ("Events a consumer has still to receive", ("stream", "consumer")),
+    "pqueue_group_lag_messages": ("Messages a consumer group of a partitioned queue has still to consume",
+                                  ("queue", "group")),
+    "pqueue_group_partitions_behind": ("Partitions with messages a consumer group has not consumed",
+                                       ("queue", "group")),
+}
+Rows = list[tuple[tuple[str, ...], float]]
+
+
+class _Figures:
+    """The database's figures (``_FIGURES``), as the depth scrape last read them.
+
+    Not prometheus-client gauges: in multiprocess mode a gauge's series live in the
+    processes' files and ``clear()`` cannot remove them, so a dropped queue's depth stayed
+    in /metrics until the server stopped. One process (the first worker) reads the
+    figures; with several, it also writes them to ``FILE`` in the shared
+    ``PROMETHEUS_MULTIPROC_DIR`` (replaced whole, atomically), which every process's
+    /metrics reads."""
+
+    FILE = "conveyor_database_figures.json"
+
+    def __init__(self) -> None:
+        self._rows: dict[str, Rows] = {}
+
+    def replace(self, families: dict[str, Rows]) -> None:
+        self._rows.update(families)
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if folder:
+            path = os.path.join(folder, self.FILE)
+            partial = f"{path}.{os.getpid()}"
+            with open(partial, "wb") as f:
+                f.write(orjson.dumps(self._rows))
+            os.replace(partial, path)
+
+    def _current(self) -> dict[str, Rows]:
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not folder:
+            return self._rows
+        try:
+            with open(os.path.join(folder, self.FILE), "rb") as f:
+                return {name: [(tuple(labels), value) for labels, value in rows]
+                        for name, rows in orjson.loads(f.read()).items()}
+        except FileNotFoundError:
+            return {}  # no depth scrape yet
+
+    def collect(self) -> Iterator[Metric]:  # the prometheus_client collector protocol
+        rows = self._current()
+        for name, (doc, labels) in _FIGURES.items():
+            family = GaugeMetricFamily(name, doc, labels=list(labels))
+            for values, value in rows.get(name, ()):
+                family.add_metric(list(values), value)
+            yield family
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -78,24 +144,14 @@ class Metrics:
         self.fusion_batch = Histogram("queue_coalescer_flush_batch_size", "Messages per fused send",
                                       buckets=_BATCH_BUCKETS, registry=r)
         same = {"registry": r, "multiprocess_mode": "livemax"}  # a database figure: the same in every process
-        self.depth = Gauge("queue_depth", "Visible messages (refreshed by the depth scrape)", ["queue"], **same)
-        self.in_flight = Gauge("queue_in_flight", "Received, not yet visible again", ["queue"], **same)
-        self.delayed = Gauge("queue_delayed", "Sent with a delay that has not run out", ["queue"], **same)
         self.long_pollers = Gauge("queue_long_pollers", "Receives waiting for messages", registry=r,
                                   multiprocess_mode="livesum")
-        # streams, their consumers, and partitioned queues' consumer groups (the depth scrape)
-        self.stream_depth = Gauge("stream_depth", "Events not yet consumed by every consumer", ["stream"], **same)
-        self.stream_dead_letters = Gauge("stream_dead_letters", "Dead letters kept", ["stream"], **same)
-        self.consumer_lag = Gauge("stream_consumer_lag_seconds", "Age of the last tick a consumer finished",
-                                  ["stream", "consumer"], **same)
-        self.consumer_pending = Gauge("stream_consumer_pending_events", "Events a consumer has still to receive",
-                                      ["stream", "consumer"], **same)
-        self.group_lag = Gauge("pqueue_group_lag_messages", "Messages a consumer group of a partitioned queue "
-                               "has still to consume", ["queue", "group"], **same)
+        # the queues', streams', consumers' and consumer groups' figures of the depth scrape
+        self.figures = _Figures()
+        self._own.append(self.figures)
+        r.register(self.figures)
         self.pqueues_created = Counter("pqueue_queues_created_on_push_total", "Partitioned queues created by a "
                                        "push that named them (Queen's create-on-push)", registry=r)
-        self.group_partitions_behind = Gauge("pqueue_group_partitions_behind", "Partitions with messages a "
-                                             "consumer group has not consumed", ["queue", "group"], **same)
         # topics: publishes and webhook deliveries (server/webhooks.py)
         self.published = Counter("topic_messages_published_total", "Messages published to a topic",
                                  ["topic"], registry=r)
@@ -152,7 +208,7 @@ class Metrics:
     def series(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, looked up once: on the hot path prometheus_client's
         lookup costs more than the update itself. For counters and histograms only, whose
-        series are never removed (``set_depths`` clears the depth gauges)."""
+        series are never removed (the database's figures are ``_Figures``)."""
         key = (id(metric), labels)
         child = self._series.get(key)
         if child is None:
@@ -179,12 +235,10 @@ class Metrics:
                     ages.observe(max(now - m.sent_at.timestamp(), 0.0))
 
     def set_depths(self, rows: Sequence[types.QueueMetrics | types.QueueDepth]) -> None:
-        for gauge in (self.depth, self.in_flight, self.delayed):
-            gauge.clear()
-        for m in rows:
-            self.depth.labels(m.queue_name).set(m.queue_length)
-            self.in_flight.labels(m.queue_name).set(m.in_flight)
-            self.delayed.labels(m.queue_name).set(m.delayed)
+        self.figures.replace({
+            "queue_depth": [((m.queue_name,), m.queue_length) for m in rows],
+            "queue_in_flight": [((m.queue_name,), m.in_flight) for m in rows],
+            "queue_delayed": [((m.queue_name,), m.delayed) for m in rows]})
 
     def record_published(self, topic: str | None, published: types.Published) -> None:
         """Count a publish under its SNS topic (topics exist before they are published to),
@@ -214,19 +268,15 @@ class Metrics:
 
     def set_streams(self, stats: list[types.StreamStats], consumers: list[types.ConsumerStats],
                     groups: list[types.ConsumerGroupLag]) -> None:
-        for gauge in (self.stream_depth, self.stream_dead_letters, self.consumer_lag, self.consumer_pending,
-                      self.group_lag, self.group_partitions_behind):
-            gauge.clear()
-        for s in stats:
-            self.stream_depth.labels(s.stream).set(s.depth)
-            self.stream_dead_letters.labels(s.stream).set(s.dead_letters)
-        for c in consumers:
-            if c.lag is not None:
-                self.consumer_lag.labels(c.stream, c.consumer).set(c.lag.total_seconds())
-            self.consumer_pending.labels(c.stream, c.consumer).set(c.pending_events)
-        for g in groups:
-            self.group_lag.labels(g.queue, g.consumer_group).set(g.lag)
-            self.group_partitions_behind.labels(g.queue, g.consumer_group).set(g.partitions_behind)
+        self.figures.replace({
+            "stream_depth": [((s.stream,), s.depth) for s in stats],
+            "stream_dead_letters": [((s.stream,), s.dead_letters) for s in stats],
+            "stream_consumer_lag_seconds": [((c.stream, c.consumer), c.lag.total_seconds())
+                                            for c in consumers if c.lag is not None],
+            "stream_consumer_pending_events": [((c.stream, c.consumer), c.pending_events) for c in consumers],
+            "pqueue_group_lag_messages": [((g.queue, g.consumer_group), g.lag) for g in groups],
+            "pqueue_group_partitions_behind": [((g.queue, g.consumer_group), g.partitions_behind)
+                                               for g in groups]})
 
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several processes: what all of them wrote

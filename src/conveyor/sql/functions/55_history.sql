@@ -126,6 +126,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $
      WHERE s.kind = 'queue'
        AND s.sampled_at = (SELECT max(x.sampled_at) FROM conveyor.history_samples x WHERE x.kind = 'queue')
        AND s.sampled_at > now() - max_age
+       -- a queue dropped since (when the last one goes, no later sample says so)
+       AND EXISTS (SELECT 1 FROM conveyor.queues q WHERE q.name = s.name)
      ORDER BY s.name
 $$;
 
