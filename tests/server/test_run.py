@@ -13,20 +13,7 @@ import pytest
 
 from conveyor import settings
 from conveyor.settings import DEFAULT_WORKERS_CAP, Settings, usable_cores
-from support.server import ServerProcess
-
-
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry.name))
-    return found
+from support.server import ServerProcess, children
 
 
 def _alive(pid: int) -> bool:
@@ -47,7 +34,7 @@ def _wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:
 def test_workers_serve_one_port_and_stop_together_on_sigterm(dsn, queue_name):
     server = ServerProcess(dsn, args=["--workers", "2"]).start()
     try:
-        workers = _children(server.proc.pid)
+        workers = children(server.proc.pid)
         assert len(workers) == 2
         url = f"{server.url}/v1/queues/{queue_name}/messages"
         httpx.post(f"{server.url}/v1/queues", json={"name": queue_name}, headers={"Authorization": "t"})
@@ -120,7 +107,7 @@ def test_one_worker_reads_the_queue_depths_and_every_worker_shows_them(dsn, queu
 def test_a_worker_that_dies_stops_the_others_and_the_server_fails(dsn):
     server = ServerProcess(dsn, args=["--workers", "2"]).start()
     try:
-        first, second = sorted(_children(server.proc.pid))
+        first, second = sorted(children(server.proc.pid))
         os.kill(first, signal.SIGKILL)
         assert server.proc.wait(30) != 0
         assert not _wait_gone({second})
@@ -141,7 +128,7 @@ def test_without_a_setting_the_server_runs_one_worker_per_usable_core(dsn):
     server = ServerProcess(dsn, env={"CONVEYOR_WORKERS": ""}).start()  # empty: not set
     try:
         # one worker is the parent process itself; more are its children
-        assert len(_children(server.proc.pid)) == (expected if expected > 1 else 0)
+        assert len(children(server.proc.pid)) == (expected if expected > 1 else 0)
         assert server.terminate() == 0
     finally:
         server.kill()

@@ -45,13 +45,24 @@ def free_port() -> int:
     raise RuntimeError(f"no free port left in {first}-{first + PORT_SLICE - 1}")
 
 
-def _process_tree(root: int) -> set[int]:
-    """root and its descendants (Linux /proc)."""
+def _parents() -> dict[int, int]:
+    """Every process's parent (Linux /proc)."""
     parents: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")"
             parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def children(pid: int) -> set[int]:
+    """The processes whose parent is pid."""
+    return {child for child, parent in _parents().items() if parent == pid}
+
+
+def _process_tree(root: int) -> set[int]:
+    """root and its descendants."""
+    parents = _parents()
     tree, grew = {root}, True
     while grew:
         more = {pid for pid, ppid in parents.items() if ppid in tree} - tree
