@@ -10,6 +10,8 @@ the machine's cores go to the server being measured.
 Connections are pooled: a call takes an idle connection or opens one, and gives it back
 when the response is complete (a server that closes, or answers without Content-Length,
 gets its connection dropped after the body). So N concurrent callers use N connections.
+An idle connection the server closed (its keep-alive timeout) is replaced once, as
+browsers and HTTP libraries do: the request is sent again on a new connection.
 """
 
 from __future__ import annotations
@@ -62,9 +64,19 @@ class RawHttp:
         conn = self._idle.pop() if self._idle else None
         try:
             async with asyncio.timeout(self.timeout):
+                if conn is not None:
+                    try:
+                        status, body, keep = await conn.exchange(request)
+                    except (ConnectionResetError, asyncio.IncompleteReadError) as exc:
+                        # the server closed the idle connection (its keep-alive timeout)
+                        # before it read this request: send it again on a new one
+                        if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
+                            raise
+                        conn.close()
+                        conn = None
                 if conn is None:
                     conn = _Connection(*await asyncio.open_connection(self.host, self.port))
-                status, body, keep = await conn.exchange(request)
+                    status, body, keep = await conn.exchange(request)
         except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             if conn is not None:
                 conn.close()
