@@ -417,3 +417,33 @@ async def test_queue_metrics_scan_each_queue_once(conn):
         assert len(rows) == 3 and await calls() == 3
         one = await (await conn.execute("SELECT * FROM conveyor.queue_metrics('b')")).fetchall()
         assert [r[0] for r in one] == ["b"] and await calls() == 4
+
+
+async def _cursor_rows_read(conn) -> int:
+    """Rows of sequential scans and index entries read in partition_cursors so far in this
+    transaction."""
+    cur = await conn.execute("SELECT pg_stat_get_xact_tuples_returned('conveyor.partition_cursors'::regclass) "
+                             "+ coalesce(sum(pg_stat_get_xact_tuples_returned(x.indexrelid)), 0)::bigint "
+                             "FROM pg_index x WHERE x.indrelid = 'conveyor.partition_cursors'::regclass")
+    return (await cur.fetchone())[0]
+
+
+async def test_a_wildcard_pop_reads_its_own_groups_cursors_only(conn):
+    """A pop that names no partition looks up its group's cursor of each candidate
+    partition: one index entry each (100 partitions holding work here). A join the
+    planner may turn into a hash of every cursor of every group (20 groups here) would read
+    them all, on every pop."""
+    await conn.execute("""SELECT conveyor.pqueue_push(jsonb_agg(jsonb_build_object(
+                              'queue', 'wide', 'partition', 'p' || (g % 100), 'payload', g)))
+                            FROM generate_series(1, 1000) g""")
+    await conn.execute("""INSERT INTO conveyor.partition_cursors (partition_id, consumer_group, queue_id)
+                          SELECT p.id, 'group' || g, p.queue_id FROM conveyor.partitions p, generate_series(1, 20) g""")
+    await conn.execute("ANALYZE conveyor.partitions, conveyor.partition_cursors")
+    for _ in range(8):  # past the custom plans
+        async with conn.transaction():
+            before = await _cursor_rows_read(conn)
+            cur = await conn.execute("""SELECT conveyor.pqueue_pop('{"queue": "wide", "batch": 2}')""")
+            got = (await cur.fetchone())[0]["messages"]
+            read = await _cursor_rows_read(conn) - before
+        assert len(got) == 2
+        assert read < 400, f"{read} cursor rows read by a pop over 100 partitions, with 2,000 cursors of other groups"

@@ -428,7 +428,7 @@ DECLARE
     lease_seconds integer;
     scan_xmin xid8;
     scan_ts timestamptz;
-    pushed bigint[];
+    candidates bigint[];
     skipped boolean := false;
     candidate bigint;
 BEGIN
@@ -460,36 +460,39 @@ BEGIN
         END IF;
         scan_xmin := pg_snapshot_xmin(pg_current_snapshot());
         scan_ts := clock_timestamp();  -- a value, not a volatile call: the lease index can use it
+        -- The candidates, in one statement that reads each partition's cursor once:
         -- partitions pushed to since the group last found nothing and still holding work
-        -- for it, a bounded number at a time: if the bound is reached, only those are
-        -- known to be looked at (the ones the group consumed meanwhile are passed over, so
-        -- a push that lands behind many partitions of one big transaction is still found)
-        SELECT array_agg(p.id), CASE WHEN count(*) >= 1000 THEN max(p.head_xid) ELSE scan_xmin END
-          INTO pushed, scan_xmin
-          FROM (SELECT p.id, p.head_xid FROM conveyor.partitions p
-                 WHERE p.queue_id = q.id AND p.head_xid >= g.scanned_xid
-                   -- a lookup per partition of the range (not a join the planner could turn
-                   -- into a scan of every cursor of every group)
-                   AND p.head > coalesce((SELECT x.cursor FROM conveyor.partition_cursors x
-                                           WHERE x.partition_id = p.id AND x.consumer_group = group_name), 0)
-                 ORDER BY p.head_xid LIMIT 1000) p;
-        FOR candidate IN
-            SELECT c.id FROM (
-                (SELECT p.id, p.head_at FROM conveyor.partitions p WHERE p.id = ANY (pushed))
-                UNION
-                (SELECT p.id, p.head_at FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id
-                  WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.behind LIMIT 1000)
-                UNION
-                (SELECT p.id, p.head_at FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id
-                  WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.lease_id IS NOT NULL
-                    AND x.lease_expires_at <= scan_ts LIMIT 1000)
-            ) c
-            LEFT JOIN conveyor.partition_cursors x ON x.partition_id = c.id AND x.consumer_group = group_name
-            JOIN conveyor.partitions p ON p.id = c.id
-             WHERE p.head > coalesce(x.cursor, 0)
-               AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts)
-             ORDER BY c.head_at NULLS LAST, c.id
-        LOOP
+        -- for it, a bounded number at a time (if the bound is reached, only those are known
+        -- to be looked at: the ones the group consumed meanwhile are passed over, so a push
+        -- that lands behind many partitions of one big transaction is still found); and
+        -- partitions whose cursor says they are behind or whose lease expired. Of these,
+        -- those with work and no live lease, oldest push first.
+        WITH pushed AS (
+            SELECT p.id, p.head_at, p.head_xid, x.lease_id, x.lease_expires_at
+              FROM conveyor.partitions p
+              -- a lookup per partition of the range, not a join the planner could turn into
+              -- a scan of every cursor of every group (OFFSET 0 keeps the subquery apart)
+              LEFT JOIN LATERAL (SELECT x.cursor, x.lease_id, x.lease_expires_at FROM conveyor.partition_cursors x
+                                  WHERE x.partition_id = p.id AND x.consumer_group = group_name OFFSET 0) x ON true
+             WHERE p.queue_id = q.id AND p.head_xid >= g.scanned_xid AND p.head > coalesce(x.cursor, 0)
+             ORDER BY p.head_xid LIMIT 1000),
+        held_back AS (
+            (SELECT p.id, p.head_at FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id
+              WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.behind AND p.head > x.cursor
+                AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts) LIMIT 1000)
+            UNION
+            (SELECT p.id, p.head_at FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id
+              WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.lease_id IS NOT NULL
+                AND x.lease_expires_at <= scan_ts AND p.head > x.cursor LIMIT 1000))
+        SELECT (SELECT array_agg(c.id ORDER BY c.head_at NULLS LAST, c.id)
+                  FROM (SELECT pu.id, pu.head_at FROM pushed pu
+                         WHERE pu.lease_id IS NULL OR pu.lease_expires_at <= scan_ts
+                        UNION
+                        SELECT hb.id, hb.head_at FROM held_back hb) c),
+               CASE WHEN (SELECT count(*) FROM pushed) >= 1000 THEN (SELECT max(pu.head_xid) FROM pushed pu)
+                    ELSE scan_xmin END
+          INTO candidates, scan_xmin;
+        FOREACH candidate IN ARRAY coalesce(candidates, '{}') LOOP
             EXIT WHEN taken >= max_parts OR jsonb_array_length(got) >= batch;
             -- concurrent pops of the group skip a partition another is claiming
             IF NOT pg_try_advisory_xact_lock(hashtextextended(candidate || '/' || group_name, 7306554613)) THEN
