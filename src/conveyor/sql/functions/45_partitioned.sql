@@ -587,16 +587,22 @@ CREATE OR REPLACE FUNCTION conveyor._cursor_done(c conveyor.partition_cursors, s
 RETURNS conveyor.partition_cursors
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    now_done bigint[] := c.done || seq;
-    pos bigint := c.cursor;
+    now_done bigint[];
+    pos bigint;
 BEGIN
-    WHILE pos + 1 = ANY (now_done) LOOP
-        pos := pos + 1;
-    END LOOP;
-    c.cursor := pos;
-    c.done := ARRAY(SELECT d FROM unnest(now_done) d WHERE d > pos ORDER BY d);
+    IF seq = c.cursor + 1 AND cardinality(c.done) = 0 THEN
+        c.cursor := seq;  -- the usual case, acks in order: nothing done ahead to move over
+    ELSE
+        now_done := c.done || seq;
+        pos := c.cursor;
+        WHILE pos + 1 = ANY (now_done) LOOP
+            pos := pos + 1;
+        END LOOP;
+        c.cursor := pos;
+        c.done := ARRAY(SELECT d FROM unnest(now_done) d WHERE d > pos ORDER BY d);
+    END IF;
     c.consumed := c.consumed + 1;
-    IF end_lease AND c.lease_id IS NOT NULL AND pos >= c.leased_through THEN
+    IF end_lease AND c.lease_id IS NOT NULL AND c.cursor >= c.leased_through THEN
         c.lease_id := NULL;
         c.lease_expires_at := NULL;
         c.leased_through := NULL;
