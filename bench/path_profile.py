@@ -3,7 +3,7 @@ running `conveyor serve` (one process) under load from raw HTTP clients, and eac
 charged to the layer of its innermost frame that belongs to one (the table below).
 
     ./bin/bench path_profile.py [--ops sqs-send sqs-query-send rest-send queen-push queen-pop-ack hq-send]
-                                [--clients 8] [--seconds 8] [--rate 250] [--top N]
+                                [--clients 8] [--seconds 8] [--rate 250] [--top N] [--inclusive N]
 
 Per operation it prints the requests/s reached, the server's and its PostgreSQL backends'
 CPU per request (/proc), and the server's CPU split into layers, in us per request (the
@@ -224,10 +224,13 @@ def profile(server: Child, dsn: str, op: str, args: argparse.Namespace, pyspy: s
     pg_us = (after["postgres"] - before["postgres"]) / requests * 1e6
     counts: collections.Counter[str] = collections.Counter()
     innermost: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()  # Conveyor's functions, callees included
     for line in out.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if stack and n.isdigit():
             innermost[stack.rpartition(";")[2]] += int(n)
+            for frame in {f for f in stack.split(";") if "(conveyor/" in f}:
+                inclusive[frame] += int(n)
             # a sample whose innermost Python frame is the loop's run is in uvloop's C code
             counts[IN_LOOP_NAME if stack.endswith(IN_LOOP) else layer_of(stack)] += int(n)
     total = sum(counts.values()) or 1
@@ -239,6 +242,10 @@ def profile(server: Child, dsn: str, op: str, args: argparse.Namespace, pyspy: s
         print(f"  the {args.top} functions most often innermost (self time):")
         for frame, n in innermost.most_common(args.top):
             print(f"    {n / total:6.1%} {n / total * server_us:7.0f} us  {frame[:110]}")
+    if args.inclusive:
+        print(f"  the {args.inclusive} functions of Conveyor with the most samples, callees included:")
+        for frame, n in inclusive.most_common(args.inclusive):
+            print(f"    {n / total:6.1%} {n / total * server_us:7.0f} us  {frame[:110]}")
 
 
 def main() -> None:
@@ -248,6 +255,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=0, help="also print the N functions most often innermost")
+    p.add_argument("--inclusive", type=int, default=0,
+                   help="also print the N functions of Conveyor on the most samples, callees included")
     args = p.parse_args()
     if not 0 < args.seconds <= 60:
         p.error("--seconds is in (0, 60]")
