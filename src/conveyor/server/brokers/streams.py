@@ -32,13 +32,13 @@ class StreamBroker(Base):
             self.metrics.long_pollers.inc()
             try:
                 while True:
+                    # look (again) once registered: a tick announced between the first look
+                    # and the registration woke nobody
+                    got = await self._stream_receive_once(stream, consumer, max_events)
                     remaining = started + wait - time.monotonic()
-                    if remaining <= 0 or self.waiters.closing:
+                    if got or remaining <= 0 or self.waiters.closing:
                         return got
                     await waiter.wait(remaining)
-                    got = await self._stream_receive_once(stream, consumer, max_events)
-                    if got:
-                        return got
             finally:
                 self.metrics.long_pollers.dec()
 
