@@ -419,12 +419,12 @@ async def test_queue_metrics_scan_each_queue_once(conn):
         assert [r[0] for r in one] == ["b"] and await calls() == 4
 
 
-async def _cursor_rows_read(conn) -> int:
-    """Rows of sequential scans and index entries read in partition_cursors so far in this
-    transaction."""
-    cur = await conn.execute("SELECT pg_stat_get_xact_tuples_returned('conveyor.partition_cursors'::regclass) "
+async def _table_rows_read(conn, table: str) -> int:
+    """Rows of sequential scans and index entries read in ``conveyor.<table>`` so far in
+    this transaction."""
+    cur = await conn.execute("SELECT pg_stat_get_xact_tuples_returned(%s::regclass) "
                              "+ coalesce(sum(pg_stat_get_xact_tuples_returned(x.indexrelid)), 0)::bigint "
-                             "FROM pg_index x WHERE x.indrelid = 'conveyor.partition_cursors'::regclass")
+                             "FROM pg_index x WHERE x.indrelid = %s::regclass", (f"conveyor.{table}",) * 2)
     return (await cur.fetchone())[0]
 
 
@@ -441,9 +441,24 @@ async def test_a_wildcard_pop_reads_its_own_groups_cursors_only(conn):
     await conn.execute("ANALYZE conveyor.partitions, conveyor.partition_cursors")
     for _ in range(8):  # past the custom plans
         async with conn.transaction():
-            before = await _cursor_rows_read(conn)
+            before = await _table_rows_read(conn, "partition_cursors")
             cur = await conn.execute("""SELECT conveyor.pqueue_pop('{"queue": "wide", "batch": 2}')""")
             got = (await cur.fetchone())[0]["messages"]
-            read = await _cursor_rows_read(conn) - before
+            read = await _table_rows_read(conn, "partition_cursors") - before
         assert len(got) == 2
         assert read < 400, f"{read} cursor rows read by a pop over 100 partitions, with 2,000 cursors of other groups"
+
+
+async def test_a_pop_finds_its_queue_by_name_among_many(conn):
+    """A pop naming its queue looks it up by its key: one condition with an OR for the
+    namespace and task pops read every partitioned queue for each pop (2,000 here)."""
+    await conn.execute("INSERT INTO conveyor.pqueues (name) SELECT 'other-' || g FROM generate_series(1, 2000) g")
+    await conn.execute("""SELECT conveyor.pqueue_push('[{"queue": "mine", "payload": 1}, {"queue": "mine", "payload": 2}]')""")
+    await conn.execute("ANALYZE conveyor.pqueues")
+    for _ in range(2):
+        async with conn.transaction():
+            before = await _table_rows_read(conn, "pqueues")
+            cur = await conn.execute("""SELECT conveyor.pqueue_pop('{"queue": "mine", "autoAck": true}')""")
+            assert len((await cur.fetchone())[0]["messages"]) == 1
+            read = await _table_rows_read(conn, "pqueues") - before
+        assert read < 20, f"{read} partitioned queues read by a pop, with 2,001 of them"

@@ -435,13 +435,16 @@ BEGIN
     IF jsonb_typeof(request) IS DISTINCT FROM 'object' THEN
         PERFORM conveyor._raise('CVV01', 'a pop request must be a JSON object');
     END IF;
+    -- the queue named, by its key; or those of a namespace or task (two branches: one
+    -- condition with OR scanned every queue for every pop)
     FOR q IN
+        SELECT * FROM conveyor.pqueues x WHERE x.name = request ->> 'queue'
+        UNION ALL
         SELECT * FROM conveyor.pqueues x
-         WHERE (request ->> 'queue' IS NOT NULL AND x.name = request ->> 'queue')
-            OR (request ->> 'queue' IS NULL AND (request ->> 'namespace' IS NOT NULL OR request ->> 'task' IS NOT NULL)
-                AND x.namespace IS NOT DISTINCT FROM coalesce(request ->> 'namespace', x.namespace)
-                AND x.task IS NOT DISTINCT FROM coalesce(request ->> 'task', x.task))
-         ORDER BY x.priority DESC, x.id
+         WHERE request ->> 'queue' IS NULL AND (request ->> 'namespace' IS NOT NULL OR request ->> 'task' IS NOT NULL)
+           AND x.namespace IS NOT DISTINCT FROM coalesce(request ->> 'namespace', x.namespace)
+           AND x.task IS NOT DISTINCT FROM coalesce(request ->> 'task', x.task)
+        ORDER BY priority DESC, id
     LOOP
         EXIT WHEN taken >= max_parts OR jsonb_array_length(got) >= batch;
         g := conveyor._consumer_group(q, group_name, request ->> 'subscriptionMode', request ->> 'subscriptionFrom');
