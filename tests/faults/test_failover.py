@@ -295,6 +295,22 @@ def recovered_at(outcomes: list[Outcome], after: float) -> float | None:
     return min(later) if later else None
 
 
+def sends_after(outcomes: list[Outcome], killed: float) -> str:
+    """What the sends did from the kill on, for a failure's message: counts, and each
+    failure's and the acknowledged sends' times (seconds after the kill)."""
+    after = sorted((o for o in outcomes if o.ended >= killed), key=lambda o: o.ended)
+    failed = [o for o in after if o.error is not None]
+    acked = [o for o in after if o.id is not None]
+    lines = [f"--- sends ending after the kill: {len(acked)} acknowledged, {len(failed)} failed "
+             f"({dict(collections.Counter(o.error for o in failed))})"]
+    lines += [f"  failed: started {o.started - killed:+.2f}s, ended {o.ended - killed:+.2f}s: {o.error}"
+              for o in failed[:20]]
+    if acked:
+        lines.append(f"  acknowledged: first ended {acked[0].ended - killed:+.2f}s, last ended "
+                     f"{acked[-1].ended - killed:+.2f}s; slowest {max(o.ended - o.started for o in acked):.2f}s")
+    return "\n".join(lines)
+
+
 async def stored(dsn: str) -> list[types.Message]:
     found: list[types.Message] = []
     async with pool.connect(dsn) as conn:
@@ -342,7 +358,7 @@ async def test_primary_killed_under_load_server_follows_and_loses_nothing(format
         stop.set()
         server.kill()
     back = recovered_at(outcomes, killed)
-    context = f"\n--- server\n{server.output()[-8000:]}\n{formation.diagnostics()}"
+    context = f"\n{sends_after(outcomes, killed)}\n--- server\n{server.output()[-8000:]}\n{formation.diagnostics()}"
     assert promoted is not None, f"pg_auto_failover promoted {NODES[1]}{context}"
     assert back is not None, f"sends failed after the kill and worked again within {RECOVERY_TIMEOUT}s{context}"
     failed = [o for o in outcomes if o.error is not None]
