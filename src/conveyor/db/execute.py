@@ -8,12 +8,19 @@ by SQLSTATE. Nothing above this module sees a psycopg exception.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import logging
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar, overload
 
 import psycopg
 import psycopg_pool
+from psycopg import generators, pq
+from psycopg.abc import Transformer as TransformerABC
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.pq.abc import PGresult
 from psycopg.types.json import Jsonb
 
 from conveyor import errors, types
@@ -103,20 +110,149 @@ def _new_row_maker(cls: type[Any], columns: tuple[str, ...]) -> Any:
     return lambda values: cls(**{name: values[i] for i, name in keep})
 
 
-def dataclass_row(cls: type[T]) -> Any:
-    """A psycopg row factory building ``cls`` from the columns it has fields for
-    (extra columns, e.g. from a newer schema, are ignored)."""
+def _rows(res: PGresult, tx: TransformerABC, row: type[Any] | None) -> list[Any]:
+    """The rows of a result, as tuples or as ``row`` instances built from the columns it has
+    fields for (extra columns, e.g. from a newer schema, are ignored)."""
+    if not res.nfields:
+        return []  # a command without rows
+    tx.set_pgresult(res)
+    values: list[Any] = tx.load_rows(0, res.ntuples, tuple)
+    if row is None:
+        return values
+    maker = _row_maker(row, tuple((res.fname(i) or b"").decode() for i in range(res.nfields)))
+    return [maker(v) for v in values]
 
-    def factory(cursor: Any) -> Any:
-        # the column names straight from the result: building ``cursor.description`` (a
-        # Column object per column) costs more than the query's other Python work
-        res = cursor.pgresult
-        row_type: type[Any] = cls
-        if res is None or not res.nfields:
-            return None if cursor.description is None else _row_maker(row_type, ())
-        return _row_maker(row_type, tuple(res.fname(i).decode() for i in range(res.nfields)))
 
-    return factory
+# -- the statements -------------------------------------------------------------------------
+#
+# A named query runs straight on libpq through psycopg's own pieces (its adapters, its
+# generators, the connection's lock and wait), without a cursor: a cursor's bookkeeping
+# (query conversion, prepare manager, result cursor state) cost more Python per call than
+# the rest of a broker's request around it. Each named query's placeholders are turned into
+# $n once; a statement (query and parameter types: psycopg picks an integer's type by its
+# size) that a connection runs a second time is prepared on it (psycopg prepares at the
+# fifth) and run by name from then on.
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%|%")
+_PREPARE_AT = 2  # the run of a statement, on one connection, that prepares it
+_PREPARED_MAX = 512  # named statements per connection (beyond: run unnamed)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Query:
+    sql: bytes  # with $1, $2... for the named placeholders
+    names: tuple[str, ...]  # the parameter of each $n
+
+
+@functools.cache
+def _query(name: str) -> _Query:
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(0) == "%%":
+            return "%"
+        if match.group(1) is None:
+            raise ValueError(f"query {name!r}: only %(name)s placeholders and %% are allowed")
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return _Query(_PLACEHOLDER.sub(number, queries.get(name)).encode(), tuple(names))
+
+
+@dataclasses.dataclass(slots=True)
+class _Prepared:
+    """What one connection has prepared: statement key -> its name, and how often each
+    key not prepared yet ran."""
+    names: dict[tuple[str, tuple[int, ...]], bytes] = dataclasses.field(default_factory=dict)
+    runs: dict[tuple[str, tuple[int, ...]], int] = dataclasses.field(default_factory=dict)
+
+
+_AUTO = PyFormat.AUTO
+_SQLSTATE = pq.DiagnosticField.SQLSTATE
+# an earlier prepare of this statement on this connection that was not recorded (its
+# request was cancelled while it ran): the statement is there to run
+_ALREADY_PREPARED = b"42P05"
+_NOT_PREPARED = b"26000"
+_IDLE = pq.TransactionStatus.IDLE
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+
+
+def _statement_gen(conn: Connection, query: _Query, values: Any, types: Any, formats: Any,
+                   name: bytes | None, prepare: bool) -> Any:
+    """The libpq exchange of one statement (a psycopg generator: ``conn.wait`` runs it):
+    prepared first if ``prepare``, then run by ``name``, or unnamed. On a connection that is
+    not autocommit, a transaction is begun first if none is open, as psycopg's cursor does.
+    Returns the statement's result, and whether it was prepared here (a prepared statement
+    outlives a failed run and a rolled back transaction)."""
+    pgconn = conn.pgconn
+    if not conn.autocommit:
+        yield from conn._start_query()
+    if name is not None and prepare:
+        pgconn.send_prepare(name, query.sql, param_types=types)
+        results = yield from generators.execute(pgconn)
+        if results[-1].status != _COMMAND_OK and results[-1].error_field(_SQLSTATE) != _ALREADY_PREPARED:
+            return results[-1], False
+    if name is not None:
+        pgconn.send_query_prepared(name, values, param_formats=formats)
+    else:
+        pgconn.send_query_params(query.sql, values, param_formats=formats, param_types=types)
+    results = yield from generators.execute(pgconn)
+    return results[-1], prepare
+
+
+async def _run(conn: Connection, name: str, params: Mapping[str, Any] | None,
+               retry: bool = True) -> tuple[PGresult, TransformerABC]:
+    query = _query(name)
+    given = params or {}
+    try:
+        args = [_adapt(given[k]) for k in query.names]
+    except KeyError as exc:
+        raise errors.InternalError(f"query {name} needs parameter {exc.args[0]!r}") from None
+    tx: TransformerABC = Transformer(conn)
+    values = tx.dump_sequence(args, [_AUTO] * len(args))
+    types, formats = tx.types or (), tx.formats
+    key = (name, types)
+    prepared = getattr(conn, "_conveyor_prepared", None)
+    if prepared is None:
+        prepared = conn._conveyor_prepared = _Prepared()  # type: ignore[attr-defined]
+    statement = prepared.names.get(key)
+    prepare = False
+    if statement is None:
+        runs = prepared.runs[key] = prepared.runs.get(key, 0) + 1
+        if runs >= _PREPARE_AT and len(prepared.names) < _PREPARED_MAX:
+            statement = _statement_name(key)
+            prepare = True
+    async with conn.lock:
+        if conn.closed:
+            raise psycopg.OperationalError("the connection is closed")
+        res, was_prepared = await conn.wait(_statement_gen(conn, query, values, types, formats, statement, prepare))
+    if was_prepared:
+        assert statement is not None
+        prepared.names[key] = statement
+        prepared.runs.pop(key, None)
+    if res.status not in (_TUPLES_OK, _COMMAND_OK):
+        if res.error_field(_SQLSTATE) == _NOT_PREPARED and statement is not None:
+            # the connection's statements were dropped (DISCARD ALL, DEALLOCATE): nothing
+            # ran; outside a transaction the call is made again, preparing afresh
+            prepared.names.clear()
+            if retry and conn.pgconn.transaction_status == _IDLE:
+                return await _run(conn, name, params, retry=False)
+        raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
+    return res, tx
+
+
+_STATEMENT_NAMES: dict[tuple[str, tuple[int, ...]], bytes] = {}
+
+
+def _statement_name(key: tuple[str, tuple[int, ...]]) -> bytes:
+    """The name a statement (query and parameter types) is prepared under, the same on every
+    connection; short, as PostgreSQL keeps the first 63 bytes of a name."""
+    name = _STATEMENT_NAMES.get(key)
+    if name is None:
+        name = _STATEMENT_NAMES[key] = f"cv_{len(_STATEMENT_NAMES)}".encode()
+    return name
 
 
 @overload
@@ -129,10 +265,8 @@ async def fetch_all(conn: Connection, name: str, params: Mapping[str, Any] | Non
                     row: type[T] | None = None) -> list[T] | list[tuple[Any, ...]]:
     """Run the named query and return all rows (as ``row`` instances if given)."""
     with translated():
-        factory = dataclass_row(row) if row is not None else psycopg.rows.tuple_row
-        async with conn.cursor(row_factory=factory) as cur:
-            await cur.execute(queries.get(name), _params(params))
-            return await cur.fetchall()
+        res, tx = await _run(conn, name, params)
+        return _rows(res, tx, row)
 
 
 @overload
