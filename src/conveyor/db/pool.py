@@ -9,6 +9,7 @@ import select
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import psycopg
 import psycopg_pool
@@ -96,32 +97,31 @@ class Database:
             self._probing.cancel()
         await self._pool.close()
 
-    @contextlib.asynccontextmanager
-    async def connection(self, timeout: float | None = None) -> AsyncIterator[execute.Connection]:
-        if self.down:
-            raise errors.DatabaseUnreachable("the database is unreachable; calls fail at once until it answers again")
-        try:
-            with execute.translated():
-                conn = await self._checked_out(timeout)
-                try:
-                    yield conn
-                finally:
-                    await self._pool.putconn(conn)
-        except Exception as exc:
-            if isinstance(exc.__cause__, (psycopg.OperationalError, psycopg_pool.PoolTimeout)):
-                self._check_soon()
-            if _unreachable(exc.__cause__) and not (isinstance(exc.__cause__, psycopg_pool.PoolTimeout)
-                                                    and self.stats().size > 0):  # busy, not unreachable
-                self._mark_down()
-            if isinstance(exc.__cause__, psycopg.errors.ReadOnlySqlTransaction):
-                self._drain_soon()
-            if isinstance(exc, errors.Throttled) and self._on_throttled is not None:
-                self._on_throttled()
-            if _never_ran(exc) and not isinstance(exc, errors.DatabaseUnreachable):
-                told = exc.__cause__ if isinstance(exc.__cause__, _FoundClosed) else exc
-                raise errors.DatabaseUnreachable(told.message if isinstance(told, errors.ConveyorError) else str(told)) \
-                    from exc.__cause__
-            raise
+    def connection(self, timeout: float | None = None) -> contextlib.AbstractAsyncContextManager[execute.Connection]:
+        """A pooled connection for the block (``async with``); errors translated, and the
+        pool told what they say of the database."""
+        return _Checkout(self, timeout)
+
+    def _failed(self, exc: BaseException) -> BaseException | None:
+        """What a failure in a checkout's block says of the database, acted on; the error to
+        raise instead of ``exc``, if another."""
+        cause = exc.__cause__
+        if isinstance(cause, (psycopg.OperationalError, psycopg_pool.PoolTimeout)):
+            self._check_soon()
+        if _unreachable(cause) and not (isinstance(cause, psycopg_pool.PoolTimeout)
+                                        and self.stats().size > 0):  # busy, not unreachable
+            self._mark_down()
+        if isinstance(cause, psycopg.errors.ReadOnlySqlTransaction):
+            self._drain_soon()
+        if isinstance(exc, errors.Throttled) and self._on_throttled is not None:
+            self._on_throttled()
+        if _never_ran(exc) and not isinstance(exc, errors.DatabaseUnreachable):
+            told = cause if isinstance(cause, _FoundClosed) else exc
+            unreachable = errors.DatabaseUnreachable(told.message if isinstance(told, errors.ConveyorError)
+                                                     else str(told))
+            unreachable.__cause__ = cause
+            return unreachable
+        return None
 
     async def _checked_out(self, timeout: float | None) -> execute.Connection:
         """A pooled connection that was not closed while it sat idle (``_check_idle``).
@@ -133,8 +133,9 @@ class Database:
         once) is then reported unreachable within that time, nothing having been sent."""
         found_closed: _FoundClosed | None = None
         for _ in range(self._pool.max_size + 1):
-            idle = self._pool.get_stats().get("pool_available", 0)
-            wait = timeout if found_closed is None or idle > 0 else min(timeout or REPLACE_TIMEOUT, REPLACE_TIMEOUT)
+            wait = timeout
+            if found_closed is not None and not self._pool.get_stats().get("pool_available", 0):
+                wait = min(timeout or REPLACE_TIMEOUT, REPLACE_TIMEOUT)
             try:
                 conn = await self._pool.getconn(timeout=wait)
             except psycopg_pool.PoolTimeout as exc:
@@ -254,6 +255,53 @@ def _never_ran(exc: BaseException) -> bool:
     if isinstance(cause, psycopg_pool.PoolTimeout):
         return not isinstance(exc, errors.Throttled)
     return isinstance(cause, (psycopg.errors.AdminShutdown, _FoundClosed))
+
+
+_DRIVER_ERRORS = (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.TooManyRequests)
+
+
+class _Checkout:
+    """``Database.connection``'s block: a class rather than a generator-based context
+    manager, as it is entered once per SQL API call."""
+
+    __slots__ = ("conn", "db", "timeout")
+
+    def __init__(self, db: Database, timeout: float | None) -> None:
+        self.db, self.timeout = db, timeout
+        self.conn: execute.Connection | None = None
+
+    async def __aenter__(self) -> execute.Connection:
+        db = self.db
+        if db.down:
+            raise errors.DatabaseUnreachable("the database is unreachable; calls fail at once until it answers again")
+        try:
+            conn = self.conn = await db._checked_out(self.timeout)
+        except _DRIVER_ERRORS as exc:
+            self._raise(execute.translate(exc), exc)
+        except errors.ConveyorError as exc:
+            self._raise(exc, exc.__cause__)
+        return conn
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        conn, self.conn = self.conn, None
+        try:
+            if conn is not None:
+                await self.db._pool.putconn(conn)
+        except _DRIVER_ERRORS as put_failed:
+            if exc is None:
+                self._raise(execute.translate(put_failed), put_failed)
+        if isinstance(exc, _DRIVER_ERRORS):
+            self._raise(execute.translate(exc), exc)
+        if isinstance(exc, Exception):
+            instead = self.db._failed(exc)
+            if instead is not None:
+                raise instead from exc.__cause__
+
+    def _raise(self, error: Exception, cause: BaseException | None) -> NoReturn:
+        if error.__cause__ is None and cause is not error:
+            error.__cause__ = cause
+        instead = self.db._failed(error)
+        raise (instead or error) from cause
 
 
 class _FoundClosed(psycopg.OperationalError):
