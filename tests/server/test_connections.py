@@ -166,3 +166,82 @@ def test_upgrade_requests_do_not_leak_places_in_the_bound(dsn):
             assert httpx.get(server.url + "/livez", headers={"Connection": "close"}, timeout=5).status_code == 200
     finally:
         server.kill()
+
+
+# -- an answer's head and body go out in one write (server/connections.py, _OneWrite) --------
+
+class _Recorder:
+    """A transport that records what it is asked to write and whether it was closed."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    pause_reading = resume_reading = abort = lambda self: None
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+async def test_an_answers_head_is_written_with_its_body():
+    import asyncio
+
+    from conveyor.server.connections import _OneWrite
+
+    raw = _Recorder()
+    t = _OneWrite(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
+    t.write(head)
+    assert raw.writes == [] and t.get_write_buffer_size() == len(head)
+    t.write(memoryview(b"ok"))
+    assert raw.writes == [head + b"ok"]
+    await asyncio.sleep(0)
+    assert raw.writes == [head + b"ok"]  # nothing more at the end of the pass
+
+    # a head alone (an answer without a body yet, 100 Continue) goes at the end of the pass
+    t.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    await asyncio.sleep(0)
+    assert raw.writes[-1] == b"HTTP/1.1 100 Continue\r\n\r\n"
+    # anything else is written at once, and a held head goes before a close
+    t.write(b"more")
+    assert raw.writes[-1] == b"more"
+    t.write(head)
+    t.close()
+    assert raw.writes[-1] == head and raw.closed
+
+
+def test_answers_on_one_connection_stay_whole(server):
+    """Keep-alive, pipelined requests, HEAD and 100-continue through the real server."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\nHEAD /livez HTTP/1.1\r\nHost: x\r\n\r\n"
+                  b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        deadline = time.monotonic() + 5
+        while data.count(b"HTTP/1.1 200") < 3 and time.monotonic() < deadline:
+            data += s.recv(65536)
+        answers = data.split(b"HTTP/1.1 ")[1:]
+        assert len(answers) == 3 and all(a.startswith(b"200 OK") for a in answers)
+        assert answers[0].endswith(b"}") and b"\r\n\r\n{" in answers[0] and answers[1].endswith(b"\r\n\r\n")
+        assert answers[2].endswith(b"}")
+
+        body = b'{"name": "one-write"}'
+        s.sendall(b"POST /v1/queues HTTP/1.1\r\nHost: x\r\nAuthorization: t\r\nContent-Type: application/json\r\n"
+                  b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        assert s.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(body)
+        data = b""
+        while b"one-write" not in data and time.monotonic() < deadline + 5:
+            data += s.recv(65536)
+        assert data.startswith(b"HTTP/1.1 201 ")

@@ -84,7 +84,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._header_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_OneWrite(transport, self.loop))  # type: ignore[arg-type]
         if not self.table.admit(self):
             transport.abort()
             return
@@ -146,6 +146,53 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._member:
             self._member = False
             self.table.leave(self)
+
+
+class _OneWrite:
+    """A connection's transport that sends an answer's status line and headers together with
+    its body: uvicorn writes them in two calls, each a send() to the socket, and wakes the
+    client twice. The head is held until the next write (the body, in the same step of the
+    request's task) or, at the latest, the end of the event loop's current pass; whatever
+    is held goes before anything else the transport is asked to do."""
+
+    __slots__ = ("_held", "_loop", "_transport", "abort", "get_extra_info", "is_closing", "pause_reading",
+                 "resume_reading")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._held = b""
+        # what the protocol calls on every request, bound once (the rest: __getattr__)
+        self.is_closing, self.pause_reading, self.resume_reading = (transport.is_closing, transport.pause_reading,
+                                                                    transport.resume_reading)
+        self.get_extra_info, self.abort = transport.get_extra_info, transport.abort
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._held:
+            data, self._held = self._held + data, b""
+        elif data[:9] == b"HTTP/1.1 " and data[-4:] == b"\r\n\r\n":  # an answer's head
+            self._held = bytes(data)
+            self._loop.call_soon(self.flush)
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._held:
+            data, self._held = self._held, b""
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._held) + self._transport.get_write_buffer_size()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def protocol(limit: int, header_timeout: float, closed: Callable[[str], None]) -> type[GuardedProtocol]:
