@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -247,11 +248,13 @@ _STATEMENT_NAMES: dict[tuple[str, tuple[int, ...]], bytes] = {}
 
 
 def _statement_name(key: tuple[str, tuple[int, ...]]) -> bytes:
-    """The name a statement (query and parameter types) is prepared under, the same on every
-    connection; short, as PostgreSQL keeps the first 63 bytes of a name."""
+    """The name a statement (query and parameter types) is prepared under: a digest of the
+    key, the same on every connection and in every thread; short, as PostgreSQL keeps the
+    first 63 bytes of a name."""
     name = _STATEMENT_NAMES.get(key)
     if name is None:
-        name = _STATEMENT_NAMES[key] = f"cv_{len(_STATEMENT_NAMES)}".encode()
+        digest = hashlib.blake2b(repr(key).encode(), digest_size=12).hexdigest()
+        name = _STATEMENT_NAMES[key] = f"cv_{digest}".encode()
     return name
 
 
