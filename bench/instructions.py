@@ -2,8 +2,12 @@
 trees side by side: a repeatable figure for changes too small for a timing to see.
 
     ./bin/bench instructions.py --before-src /tmp/conveyor-before/src [--after-src src]
+                                [--before-env K=V ...] [--after-env K=V ...]
                                 [--ops sqs-send rest-send queen-push sqs-receive-delete queen-pop-ack]
                                 [--requests 300] [--warmup 100]
+
+With --before-src src and an --after-env, it measures what a setting costs (e.g.
+--after-env CONVEYOR_REQUEST_TIMEOUT=0).
 
 Timings on a shared 2-core machine move by 10% from run to run; callgrind counts the
 instructions a process executes, which are the same whatever else the machine does (the
@@ -41,6 +45,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).parent))
 import sqs_bench as sb
 from rawhttp import RawHttp
+from server_bench import pairs
 
 OPS = ("sqs-send", "rest-send", "queen-push", "sqs-receive-delete", "queen-pop-ack", "livez")
 SQS = {"Content-Type": "application/x-amz-json-1.0",
@@ -51,12 +56,12 @@ BODY = "x" * 100
 Op = Callable[[], Awaitable[None]]
 
 
-def start(name: str, dsn: str, src: Path, out: Path) -> sb.Child:
+def start(name: str, dsn: str, src: Path, out: Path, extra: dict[str, str]) -> sb.Child:
     port = sb.free_port()
     env = {**os.environ, "DATABASE_URL": dsn, "CONVEYOR_PORT": str(port), "CONVEYOR_AUTH": "none",
            "CONVEYOR_LOG_LEVEL": "warning", "CONVEYOR_WORKERS": "1", "CONVEYOR_FUSION": "false",
            "CONVEYOR_VACUUM_INTERVAL": "0",
-           "PYTHONPATH": os.pathsep.join([str(src.resolve()), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(src.resolve()), os.environ.get("PYTHONPATH", "")]), **extra}
     argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no",
             sys.executable, "-m", "conveyor", "serve"]
     child = sb.Child(name, argv, env, port, quiet=True)
@@ -153,18 +158,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before-src", type=Path, required=True)
     p.add_argument("--after-src", type=Path, default=Path(__file__).resolve().parent.parent / "src")
+    p.add_argument("--before-env", nargs="*", default=[], help="KEY=VALUE settings of the first server")
+    p.add_argument("--after-env", nargs="*", default=[], help="KEY=VALUE settings of the second server")
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS[:5]))
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--warmup", type=int, default=100)
     args = p.parse_args()
     results: dict[tuple[str, str], float] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        for tree, src in (("before", args.before_src), ("after", args.after_src)):
+        for tree, src, extra in (("before", args.before_src, pairs(args.before_env)),
+                                 ("after", args.after_src, pairs(args.after_env))):
             name = f"conveyor_instr_bench_{os.getpid()}_{tree}"
             dsn = sb.create_database(name, migrated=True)
             stack.callback(sb.drop_database, name)
             out = Path(tmp) / f"callgrind.{tree}"
-            server = start(tree, dsn, src, out)
+            server = start(tree, dsn, src, out, extra)
             stack.callback(server.stop)
             for op in args.ops:
                 results[op, tree] = uvloop.run(measure(server, out, op, args.warmup, args.requests))
