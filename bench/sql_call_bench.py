@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -109,13 +110,29 @@ def main() -> None:
             shared.drop_database(db)
 
 
+def apply_functions(conn: psycopg.Connection, text: str) -> None:
+    """A functions file over this build's schema; a function whose result type the other
+    tree changed (which CREATE OR REPLACE cannot do) is dropped first, as PostgreSQL's hint
+    says, and the file (one implicit transaction, undone by the error) applied again."""
+    for _ in range(20):
+        try:
+            conn.execute(text)
+            return
+        except psycopg.errors.InvalidFunctionDefinition as exc:
+            drop = re.fullmatch(r"Use (DROP FUNCTION .*) first\.", exc.diag.message_hint or "")
+            if drop is None:
+                raise
+            conn.execute(drop.group(1))
+    raise RuntimeError("a functions file kept asking for functions to be dropped")
+
+
 def prepare(database: str, backlog: int, before: Path | None) -> str:
     """A migrated database with the scripts' queues and backlogs; with ``before``, the
     function bodies of that tree (its functions files applied over this build's schema)."""
     dsn = shared.create_database(database, migrated=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         for f in sorted((before / "conveyor" / "sql" / "functions").glob("*.sql")) if before else []:
-            conn.execute(f.read_text())
+            apply_functions(conn, f.read_text())
         conn.execute("CREATE TABLE bench_raw (id bigserial PRIMARY KEY, vt timestamptz NOT NULL DEFAULT now(), "
                      "receive_count int NOT NULL DEFAULT 0, body text NOT NULL)")
         conn.execute("CREATE INDEX ON bench_raw (vt, id)")
