@@ -4,6 +4,7 @@ protocol's format, while a long poll waits its whole time; JSON log lines
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -16,6 +17,7 @@ import orjson
 import psycopg
 import pytest
 
+from conveyor.server import deadline
 from support.server import ServerProcess
 
 AUTH = {"Authorization": "x"}
@@ -93,3 +95,56 @@ def test_a_long_poll_waits_beyond_the_timeout(server, module_dsn):
     r = httpx.get(f"{server.url}/v1/queues/{queue}/messages", params={"wait": 10}, headers=AUTH, timeout=30)
     sender.join()
     assert r.status_code == 200 and [m["message"] for m in r.json()] == ["woke"]
+
+
+# -- the deadline table and its sweep, in process -----------------------------------------
+
+async def _request(seconds: float, work) -> bool:
+    """A request as the edge runs one: whether its deadline cancelled it."""
+    task = deadline.start(seconds)
+    cancelling = task.cancelling()
+    try:
+        await work()
+    except asyncio.CancelledError:
+        if not deadline.end(task, cancelling):
+            raise
+        return True
+    finally:
+        deadline.end(task, cancelling)
+    return False
+
+
+async def test_a_request_past_its_deadline_is_cancelled_within_a_sweep():
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await asyncio.create_task(_request(0.2, lambda: asyncio.sleep(5))) is True
+    assert 0.2 <= loop.time() - started < 0.2 + 0.02 + 0.5  # one sweep interval (0.02 s) late, on a busy machine
+    assert await asyncio.create_task(_request(0.2, lambda: asyncio.sleep(0.05))) is False
+    await asyncio.sleep(0.1)
+    assert deadline._sweeping is None and not deadline._ends and not deadline._expired  # nothing left behind
+
+
+async def test_waiting_does_not_count_and_other_cancellations_pass():
+    async def long_poll() -> None:
+        with deadline.waiting(0.5):
+            await asyncio.sleep(0.4)
+        await asyncio.sleep(0.05)
+
+    assert await asyncio.create_task(_request(0.2, long_poll)) is False
+
+    async def work_after_the_wait() -> None:
+        with deadline.waiting(0.5):
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(5)  # only the wait is excused
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await asyncio.create_task(_request(0.2, work_after_the_wait)) is True
+    assert 0.3 <= loop.time() - started < 1.5
+
+    stopped = asyncio.create_task(_request(10, lambda: asyncio.sleep(5)))
+    await asyncio.sleep(0.05)
+    stopped.cancel()  # the client went away: not the deadline's cancellation
+    with pytest.raises(asyncio.CancelledError):
+        await stopped
+    assert not deadline._ends and not deadline._expired

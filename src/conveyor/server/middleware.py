@@ -195,20 +195,19 @@ class Edge:
             if seconds <= 0:
                 await self._enter(scope, receive, send)
                 return
-            timeout = asyncio.timeout(seconds)
-            token = deadline.current.set(timeout)
+            task = deadline.start(seconds)
+            cancelling = task.cancelling()
             try:
-                async with timeout:
-                    await self._enter(scope, receive, send)
-            except TimeoutError:
-                if not timeout.expired():
-                    raise  # a timeout of the request's own, not the deadline
+                await self._enter(scope, receive, send)
+            except asyncio.CancelledError:
+                if not deadline.end(task, cancelling):
+                    raise  # not the deadline's: the client went away, the server stops
                 self.metrics.request_timeouts.inc()
                 log.warning("%s %s cancelled after %ss (CONVEYOR_REQUEST_TIMEOUT)", scope["method"], path, seconds)
                 if not answered():
                     await self.answers.timed_out(scope, receive, send)
             finally:
-                deadline.current.reset(token)
+                deadline.end(task, cancelling)
         finally:
             gate.active -= 1
 
