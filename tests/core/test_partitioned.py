@@ -272,41 +272,51 @@ async def test_a_batch_of_acks_settles_as_the_same_acks_one_by_one(conn):
     assert cursors == [("a", 5, [], 5, True, None, False, None), ("b", 1, [], 1, True, None, True, ["(2,1)"])]
 
 
-async def test_the_usual_batch_of_completions_settles_as_the_loop_would(conn):
-    """pqueue_ack settles a batch of completions under the group's lease of one partition
-    in a few statements (_ack_completions) instead of its loop; the answers and the cursor
-    are the loop's (acks sent one per call), whether the batch ends the lease or not, in
-    any order, with messages done before it; any other batch is left to the loop."""
+async def test_the_usual_runs_of_completions_settle_as_the_loop_would(conn):
+    """pqueue_ack settles each run of completions under the group's lease of one partition
+    in a few statements (_ack_completions) instead of its loop, several runs in one call as
+    fusion sends them; the answers and the cursors are the loop's (acks sent one per call),
+    whether a run ends the lease or not, in any order, with messages done before it, runs
+    interleaved, beside acks the loop decides."""
     async def settle(queue: str, together: bool) -> tuple[list, list[tuple], list]:
-        await pq.push(conn, _items(queue, "p", *"abcdefgh"))
-        got = await pq.pop(conn, {"queue": queue, "batch": 8})
-        acks = {m["transactionId"]: m for m in _acks(got)}
+        await pq.push(conn, _items(queue, "p", *"abcdefgh") + _items(queue, "r", "r1", "r2", "r3")
+                      + _items(queue, "s", "s1", "s2"))
+        got = await pq.pop(conn, {"queue": queue, "batch": 8, "partition": "p"})
+        rs = await pq.pop(conn, {"queue": queue, "batch": 3, "partition": "r"})
+        ss = await pq.pop(conn, {"queue": queue, "batch": 2, "partition": "s"})
+        acks = {m["transactionId"]: m for m in _acks(got) + _acks(rs) + _acks(ss)}
         batches = [[acks["c"]], [acks["e"], acks["b"], acks["f"]],  # out of order: the lease stays
-                   [acks["h"], acks["a"], acks["g"], acks["d"]]]  # the rest: its last ends the lease
-        answers, usual = [], []
+                   # two runs interleaved, the second ending its lease, and s's acks, one
+                   # naming no lease: the loop's
+                   [acks["h"], acks["r1"], acks["a"], acks["r3"], acks["g"], acks["r2"],
+                    {k: v for k, v in acks["s1"].items() if k != "leaseId"}, acks["s2"], acks["d"]]]
+        answers, settled = [], []
         for batch in batches:
             if together:
-                async with conn.transaction(force_rollback=True):  # which path: asked, then undone
+                async with conn.transaction(force_rollback=True):  # which acks it settles: asked, then undone
                     cur = await conn.execute("SELECT conveyor._ack_completions(%s::jsonb, clock_timestamp())",
                                              (json.dumps(batch),))
-                    usual.append((await cur.fetchone())[0] is not None)
+                    settled.append([a["index"] for a in (await cur.fetchone())[0]])
                 answers.append(await pq.ack(conn, batch))
             else:
                 answers.append([{**(await pq.ack(conn, [one]))[0], "index": i} for i, one in enumerate(batch)])
         cur = await conn.execute(
-            "SELECT x.cursor, x.done, x.consumed, x.lease_id IS NULL, x.leased_through, x.behind"
+            "SELECT p.name, x.cursor, x.done, x.consumed, x.lease_id IS NULL, x.leased_through, x.behind"
             " FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id"
-            " JOIN conveyor.pqueues q ON q.id = p.queue_id WHERE q.name = %s", (queue,))
+            " JOIN conveyor.pqueues q ON q.id = p.queue_id WHERE q.name = %s ORDER BY p.name", (queue,))
         strip = ("messageId", "partitionId", "queueName")
         return [[{k: v for k, v in a.items() if k not in strip} for a in run] for run in answers], \
-            await cur.fetchall(), usual
+            await cur.fetchall(), settled
 
     together, one_by_one = await settle("usual-together", True), await settle("usual-apart", False)
     assert together[:2] == one_by_one[:2]
-    assert together[2] == [True, True, True]  # each batch took the set-based path
+    assert together[2] == [[], [0, 1, 2], [0, 1, 2, 3, 4, 5, 8]]  # a lone ack is the loop's
     assert [[a["leaseReleased"] for a in run] for run in together[0]] == [
-        [False], [False, False, False], [False, False, False, True]]
-    assert together[1] == [(8, [], 8, True, None, False)]
+        [False], [False, False, False], [False, False, False, False, False, True, False, False, True]]
+    assert [a.get("error") for a in together[0][2]][6] == "Message is leased to another consumer " \
+        "(an ack under a lease names its leaseId)"
+    assert together[1] == [("p", 8, [], 8, True, None, False), ("r", 3, [], 3, True, None, False),
+                           ("s", 0, [2], 1, False, 2, False)]
 
     await pq.push(conn, _items("unusual", "p", "1", "2", "3"))
     got = await pq.pop(conn, {"queue": "unusual", "batch": 3})
@@ -315,11 +325,12 @@ async def test_the_usual_batch_of_completions_settles_as_the_loop_would(conn):
                   [acks[0], {**acks[1], "status": "failed"}],
                   [acks[0], {k: v for k, v in acks[1].items() if k != "leaseId"}],
                   [acks[0], {**acks[1], "transactionId": "nope"}],
-                  [acks[0], {**acks[1], "consumerGroup": "other"}],
-                  [{**acks[0], "leaseId": str(uuid.uuid4())}], [], ["not an object"]):
+                  [acks[0], {**acks[1], "leaseId": str(uuid.uuid4())}],
+                  [{**acks[0], "leaseId": str(uuid.uuid4())}, {**acks[1], "leaseId": str(uuid.uuid4())}],
+                  [acks[0], {**acks[1], "consumerGroup": "other"}], [], ["not an object", 1]):
         cur = await conn.execute("SELECT conveyor._ack_completions(%s::jsonb, clock_timestamp())",
                                  (json.dumps(batch),))
-        assert (await cur.fetchone())[0] is None, batch
+        assert (await cur.fetchone())[0] == [], batch
     twice = await pq.ack(conn, [acks[0], acks[0]])  # decided by the loop
     assert [(a["success"], a["error"]) for a in twice] == [(True, None), (False, "Invalid or expired lease")]
 

@@ -1026,93 +1026,102 @@ BEGIN
     RETURN got;
 END $$;
 
--- The usual batch of acks, settled in a few set-based statements instead of a pass of
--- pqueue_ack's loop per ack (some thirty plpgsql expressions and a lookup each, most of an
--- ack's cost): completions of messages of one partition for one group, each naming the
--- lease the group holds there, each of a message that lease covers and the group has not
--- done, none twice. Returns pqueue_ack's answers, having written the cursor as the loop
--- would; or NULL, having written nothing, for any other batch, which the loop decides.
--- (tests/core/test_partitioned.py checks the answers and cursors against the loop's.)
+-- The usual acks, settled in a few set-based statements instead of a pass of pqueue_ack's
+-- loop per ack (some thirty plpgsql expressions and a lookup each, most of an ack's cost):
+-- a run of completions of messages of one partition for one group, all naming the lease
+-- the group holds there, each of a message that lease covers and the group has not done,
+-- none twice, and no other ack of the batch naming that partition and group. That is what
+-- a consumer acks after a pop; a fused call carries several such runs, one per request.
+-- Returns pqueue_ack's answers for the acks it settled (their "index" says which), having
+-- written their cursors as the loop would; the loop decides the rest. Runs of different
+-- cursors do not touch each other's state, so settling one before the others' acks is
+-- settling them in order. (tests/core/test_partitioned.py checks the answers and cursors
+-- against the loop's.)
 CREATE OR REPLACE FUNCTION conveyor._ack_completions(acks jsonb, ts timestamptz) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-    n integer := jsonb_array_length(acks);
+    run record;
+    n integer;
     usual boolean;
-    partition_named text;
-    group_name text;
-    lease_named text;
     part conveyor.partitions;
     q conveyor.pqueues;
     c conveyor.partition_cursors;
     after conveyor.partition_cursors;
     seqs bigint[];
-    answers jsonb;
+    got jsonb;
+    answers jsonb := '[]';
+    runs integer := 0;
 BEGIN
-    SELECT bool_and(jsonb_typeof(e) = 'object'
-                    AND lower(coalesce(nullif(e ->> 'status', ''), 'completed')) IN ('completed', 'success')
-                    AND nullif(e ->> 'leaseId', '') IS NOT NULL)
-           AND count(DISTINCT (e ->> 'partitionId', coalesce(nullif(e ->> 'consumerGroup', ''), '__QUEUE_MODE__'),
-                               lower(e ->> 'leaseId'))) = 1,
-           min(e ->> 'partitionId'), min(coalesce(nullif(e ->> 'consumerGroup', ''), '__QUEUE_MODE__')),
-           min(lower(e ->> 'leaseId'))
-      INTO usual, partition_named, group_name, lease_named
-      FROM jsonb_array_elements(acks) e;
-    IF usual IS NOT TRUE
-       OR partition_named !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
-        RETURN NULL;
+    FOR run IN
+        SELECT e.partition_uuid, e.group_name, min(e.lease_named) AS lease_named,
+               array_agg(e.i ORDER BY e.i) AS idxs, array_agg(e.txn ORDER BY e.i) AS txns
+          FROM (SELECT x.i - 1 AS i, x.a ->> 'transactionId' AS txn, lower(x.a ->> 'leaseId') AS lease_named,
+                       coalesce(nullif(x.a ->> 'consumerGroup', ''), '__QUEUE_MODE__') AS group_name,
+                       lower(coalesce(nullif(x.a ->> 'status', ''), 'completed')) IN ('completed', 'success')
+                           AND nullif(x.a ->> 'leaseId', '') IS NOT NULL AS completion,
+                       CASE WHEN x.a ->> 'partitionId'
+                                 ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+                            THEN (x.a ->> 'partitionId')::uuid END AS partition_uuid
+                  FROM jsonb_array_elements(acks) WITH ORDINALITY x(a, i)
+                 WHERE jsonb_typeof(x.a) = 'object') e
+         WHERE e.partition_uuid IS NOT NULL
+         GROUP BY e.partition_uuid, e.group_name
+        HAVING count(*) > 1 AND bool_and(e.completion) AND count(DISTINCT e.lease_named) = 1
+         ORDER BY min(e.i)
+    LOOP
+        n := cardinality(run.idxs);
+        SELECT * INTO part FROM conveyor.partitions p WHERE p.uuid = run.partition_uuid;
+        CONTINUE WHEN NOT FOUND;
+        SELECT * INTO c FROM conveyor.partition_cursors x
+         WHERE x.partition_id = part.id AND x.consumer_group = run.group_name FOR UPDATE;
+        CONTINUE WHEN NOT FOUND OR c.lease_id IS NULL OR c.lease_expires_at <= ts
+                      OR c.lease_id::text <> run.lease_named;
+        SELECT * INTO q FROM conveyor.pqueues x WHERE x.id = part.queue_id;
+        SELECT count(m.seq) = n AND count(DISTINCT m.seq) = n
+               AND bool_and(m.seq > c.cursor AND m.seq <= c.leased_through AND m.seq <> ALL (c.done)),
+               array_agg(m.seq ORDER BY t.k),
+               -- the run's last completion ends the lease (set right below if it does not):
+               -- the one after which everything the lease covers is done
+               jsonb_agg(jsonb_build_object('index', run.idxs[t.k], 'transactionId', m.transaction_id,
+                                            'partitionId', part.uuid, 'messageId', m.id, 'success', true,
+                                            'error', NULL, 'outcome', 'completed', 'dlq', false,
+                                            'leaseReleased', t.k = n, 'queueName', q.name,
+                                            'partitionName', part.name) ORDER BY t.k)
+          INTO usual, seqs, got
+          FROM unnest(run.txns) WITH ORDINALITY t(txn, k)
+          -- a lookup by key per ack, not a join the planner could turn into a scan of the
+          -- partition (OFFSET 0 keeps the subquery apart)
+          LEFT JOIN LATERAL (SELECT m.seq, m.id, m.transaction_id FROM conveyor.partition_messages m
+                              WHERE m.partition_id = part.id AND m.transaction_id = t.txn OFFSET 0) m ON true;
+        CONTINUE WHEN usual IS NOT TRUE;
+        -- the cursor as _cursor_done leaves it after each of them: moved over the run of
+        -- done messages directly after it (a run at most as long as all of them), the rest kept
+        after := c;
+        SELECT min(s) INTO after.cursor
+          FROM generate_series(c.cursor, c.cursor + cardinality(c.done) + n) s
+         WHERE s + 1 <> ALL (c.done || seqs);
+        after.done := ARRAY(SELECT d FROM unnest(c.done || seqs) d WHERE d > after.cursor ORDER BY d);
+        after.consumed := c.consumed + n;
+        IF after.cursor >= c.leased_through THEN
+            after.lease_id := NULL;
+            after.lease_expires_at := NULL;
+            after.leased_through := NULL;
+        ELSE
+            got := jsonb_set(got, ARRAY[(n - 1)::text, 'leaseReleased'], 'false');
+        END IF;
+        PERFORM conveyor._cursor_write(after, seqs);
+        answers := answers || got;
+        runs := runs + 1;
+    END LOOP;
+    IF runs > 1 THEN  -- in the batch's order (runs may interleave)
+        SELECT jsonb_agg(x ORDER BY (x ->> 'index')::integer) INTO answers FROM jsonb_array_elements(answers) x;
     END IF;
-    SELECT * INTO part FROM conveyor.partitions p WHERE p.uuid = partition_named::uuid;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    SELECT * INTO c FROM conveyor.partition_cursors x
-     WHERE x.partition_id = part.id AND x.consumer_group = group_name FOR UPDATE;
-    IF NOT FOUND OR c.lease_id IS NULL OR c.lease_expires_at <= ts OR c.lease_id::text <> lease_named THEN
-        RETURN NULL;
-    END IF;
-    SELECT * INTO q FROM conveyor.pqueues x WHERE x.id = part.queue_id;
-    SELECT count(m.seq) = n AND count(DISTINCT m.seq) = n
-           AND bool_and(m.seq > c.cursor AND m.seq <= c.leased_through AND m.seq <> ALL (c.done)),
-           array_agg(m.seq ORDER BY e.i),
-           -- the last completion ends the lease (set right below if it does not): it is
-           -- the one after which everything the lease covers is done
-           jsonb_agg(jsonb_build_object('index', e.i - 1, 'transactionId', m.transaction_id,
-                                        'partitionId', part.uuid, 'messageId', m.id, 'success', true,
-                                        'error', NULL, 'outcome', 'completed', 'dlq', false,
-                                        'leaseReleased', e.i = n, 'queueName', q.name,
-                                        'partitionName', part.name) ORDER BY e.i)
-      INTO usual, seqs, answers
-      FROM jsonb_array_elements(acks) WITH ORDINALITY e(a, i)
-      -- a lookup by key per ack, not a join the planner could turn into a scan of the
-      -- partition (OFFSET 0 keeps the subquery apart)
-      LEFT JOIN LATERAL (SELECT m.seq, m.id, m.transaction_id FROM conveyor.partition_messages m
-                          WHERE m.partition_id = part.id AND m.transaction_id = e.a ->> 'transactionId'
-                         OFFSET 0) m ON true;
-    IF usual IS NOT TRUE THEN
-        RETURN NULL;
-    END IF;
-    -- the cursor as _cursor_done leaves it after each of them: moved over the run of done
-    -- messages directly after it (a run at most as long as all of them), the rest kept
-    after := c;
-    SELECT min(s) INTO after.cursor
-      FROM generate_series(c.cursor, c.cursor + cardinality(c.done) + n) s
-     WHERE s + 1 <> ALL (c.done || seqs);
-    after.done := ARRAY(SELECT d FROM unnest(c.done || seqs) d WHERE d > after.cursor ORDER BY d);
-    after.consumed := c.consumed + n;
-    IF after.cursor >= c.leased_through THEN
-        after.lease_id := NULL;
-        after.lease_expires_at := NULL;
-        after.leased_through := NULL;
-    ELSE
-        answers := jsonb_set(answers, ARRAY[(n - 1)::text, 'leaseReleased'], 'false');
-    END IF;
-    PERFORM conveyor._cursor_write(after, seqs);
     RETURN answers;
 END $$;
 
 -- 0009's pqueue_ack; the lease check changed (see the comment at the check), and the usual
--- batch is settled by _ack_completions (run with this function's generic plans), the rest
--- here, an ack at a time.
+-- runs of completions are settled by _ack_completions (run with this function's generic
+-- plans), the rest here, an ack at a time.
 CREATE OR REPLACE FUNCTION conveyor.pqueue_ack(acks jsonb, strict boolean DEFAULT false) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
 DECLARE
@@ -1139,18 +1148,24 @@ DECLARE
     -- since the last write), instead of a read, an update and its foreign-key check per ack.
     held conveyor.partition_cursors;
     pending bigint[] := '{}';
+    settled jsonb;  -- the answers of the acks _ack_completions settled (handled: their indexes)
+    handled integer[] := '{}';
 BEGIN
     IF acks IS NULL OR jsonb_typeof(acks) <> 'array' THEN
         PERFORM conveyor._raise('CVV01', 'acks must be a JSON array');
     END IF;
     IF jsonb_array_length(acks) > 1 THEN  -- (a lone ack costs the loop less than those statements)
-        answers := conveyor._ack_completions(acks, ts);
-        IF answers IS NOT NULL THEN
-            RETURN answers;
+        settled := conveyor._ack_completions(acks, ts);
+        IF jsonb_array_length(settled) = jsonb_array_length(acks) THEN
+            RETURN settled;
         END IF;
-        answers := '[]';
+        handled := ARRAY(SELECT (x ->> 'index')::integer FROM jsonb_array_elements(settled) x);
     END IF;
     FOR a IN SELECT * FROM jsonb_array_elements(acks) LOOP
+        IF idx = ANY (handled) THEN
+            idx := idx + 1;
+            CONTINUE;
+        END IF;
         IF jsonb_typeof(a) <> 'object' THEN
             PERFORM conveyor._raise('CVV01', 'each ack is a JSON object');
         END IF;
@@ -1289,6 +1304,10 @@ BEGIN
     END LOOP;
     IF cardinality(pending) > 0 THEN
         PERFORM conveyor._cursor_write(held, pending);
+    END IF;
+    IF cardinality(handled) > 0 THEN
+        SELECT jsonb_agg(x ORDER BY (x ->> 'index')::integer) INTO answers
+          FROM jsonb_array_elements(answers || settled) x;
     END IF;
     RETURN answers;
 END $$;
