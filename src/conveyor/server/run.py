@@ -177,10 +177,13 @@ def _multiprocess_metrics() -> Path | None:
 
 def _as_metrics_worker() -> None:
     """In a forked worker: its metrics go to the multiprocess directory (prometheus-client
-    picked its value class when the parent imported it)."""
+    picked its value class when the parent imported it). The worker's pid is taken once:
+    prometheus-client asks for it at every update, to notice a fork, and a worker does not
+    fork again; os.getpid is a system call, a third of an update's cost (docs/benchmarks.md)."""
     from prometheus_client import values
 
-    values.ValueClass = values.MultiProcessValue()
+    pid = os.getpid()
+    values.ValueClass = values.MultiProcessValue(lambda: pid)
 
 
 def _serve_workers(settings: Settings, dsn: str, sockets: list[socket.socket]) -> bool:
