@@ -179,7 +179,7 @@ def _as_metrics_worker() -> None:
     """In a forked worker: its metrics go to the multiprocess directory (prometheus-client
     picked its value class when the parent imported it). The worker's pid is taken once:
     prometheus-client asks for it at every update, to notice a fork, and a worker does not
-    fork again; os.getpid is a system call, a third of an update's cost (docs/benchmarks.md)."""
+    fork again; os.getpid is a system call, about a fifth of an update's cost (docs/benchmarks.md)."""
     from prometheus_client import values
 
     pid = os.getpid()
