@@ -1032,6 +1032,8 @@ END $$;
 -- the group holds there, each of a message that lease covers and the group has not done,
 -- none twice, and no other ack of the batch naming that partition and group. That is what
 -- a consumer acks after a pop; a fused call carries several such runs, one per request.
+-- The cursor moves through _cursor_done, as in the loop; a run's last completion is the
+-- one that can end the lease (everything the lease covers is then done).
 -- Returns pqueue_ack's answers for the acks it settled (their "index" says which), having
 -- written their cursors as the loop would; the loop decides the rest. Runs of different
 -- cursors do not touch each other's state, so settling one before the others' acks is
@@ -1048,6 +1050,7 @@ DECLARE
     c conveyor.partition_cursors;
     after conveyor.partition_cursors;
     seqs bigint[];
+    seq bigint;
     got jsonb;
     answers jsonb := '[]';
     runs integer := 0;
@@ -1080,8 +1083,7 @@ BEGIN
         SELECT count(m.seq) = n AND count(DISTINCT m.seq) = n
                AND bool_and(m.seq > c.cursor AND m.seq <= c.leased_through AND m.seq <> ALL (c.done)),
                array_agg(m.seq ORDER BY t.k),
-               -- the run's last completion ends the lease (set right below if it does not):
-               -- the one after which everything the lease covers is done
+               -- the run's last completion ends the lease (set right below if it does not)
                jsonb_agg(jsonb_build_object('index', run.idxs[t.k], 'transactionId', m.transaction_id,
                                             'partitionId', part.uuid, 'messageId', m.id, 'success', true,
                                             'error', NULL, 'outcome', 'completed', 'dlq', false,
@@ -1094,19 +1096,11 @@ BEGIN
           LEFT JOIN LATERAL (SELECT m.seq, m.id, m.transaction_id FROM conveyor.partition_messages m
                               WHERE m.partition_id = part.id AND m.transaction_id = t.txn OFFSET 0) m ON true;
         CONTINUE WHEN usual IS NOT TRUE;
-        -- the cursor as _cursor_done leaves it after each of them: moved over the run of
-        -- done messages directly after it (a run at most as long as all of them), the rest kept
-        after := c;
-        SELECT min(s) INTO after.cursor
-          FROM generate_series(c.cursor, c.cursor + cardinality(c.done) + n) s
-         WHERE s + 1 <> ALL (c.done || seqs);
-        after.done := ARRAY(SELECT d FROM unnest(c.done || seqs) d WHERE d > after.cursor ORDER BY d);
-        after.consumed := c.consumed + n;
-        IF after.cursor >= c.leased_through THEN
-            after.lease_id := NULL;
-            after.lease_expires_at := NULL;
-            after.leased_through := NULL;
-        ELSE
+        after := c;  -- in memory, as the loop does, then written once
+        FOREACH seq IN ARRAY seqs LOOP
+            after := conveyor._cursor_done(after, seq, true);
+        END LOOP;
+        IF after.lease_id IS NOT NULL THEN
             got := jsonb_set(got, ARRAY[(n - 1)::text, 'leaseReleased'], 'false');
         END IF;
         PERFORM conveyor._cursor_write(after, seqs);
