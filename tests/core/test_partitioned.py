@@ -396,6 +396,33 @@ async def test_wildcard_pop_takes_several_partitions_under_one_lease(conn):
     assert {m["partition"] for m in rest["messages"]} == set("abcd") - parts
 
 
+async def test_a_wildcard_pop_looks_past_a_page_of_partitions_being_claimed(conn, dsn):
+    """A wildcard pop reads its candidates a page at a time, oldest push first. When every
+    partition of the first page is being claimed by other pops (their advisory locks are
+    held here, by another session), the pop goes on to the rest and takes the one
+    partition left free, pushed last, as it would have with every candidate in one list;
+    and a pop wanting more partitions than a page holds gets them all."""
+    parts = [f"p{k}" for k in range(40)]
+    free = parts[-1]
+    await pq.push(conn, [i for p in parts[:-1] for i in _items("paged", p, f"{p}-1")])
+    await conn.commit()
+    await pq.push(conn, _items("paged", free, f"{free}-1"))
+    await conn.commit()
+    ids = dict(await (await conn.execute(
+        "SELECT p.name, p.id FROM conveyor.partitions p JOIN conveyor.pqueues q ON q.id = p.queue_id "
+        "WHERE q.name = 'paged'")).fetchall())
+    async with pool.connect(dsn) as other, other.transaction():
+        for name, pid in ids.items():
+            if name != free:
+                await other.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s, 7306554613))",
+                                    (pid, "__QUEUE_MODE__"))
+        got = await pq.pop(conn, {"queue": "paged", "batch": 5})
+        assert [m["partition"] for m in got["messages"]] == [free]
+        await conn.commit()
+    rest = await pq.pop(conn, {"queue": "paged", "batch": 100, "maxPartitions": 100})
+    assert sorted(m["partition"] for m in rest["messages"]) == sorted(parts[:-1])
+
+
 async def test_priority_orders_queues_of_a_namespace(conn):
     await pq.configure(conn, "low", {"priority": 1}, namespace="billing")
     await pq.configure(conn, "high", {"priority": 9}, namespace="billing")

@@ -426,9 +426,13 @@ DECLARE
     part conveyor.partitions;
     taken integer := 0;
     lease_seconds integer;
+    snap_xmin xid8;
     scan_xmin xid8;
     scan_ts timestamptz;
     candidates bigint[];
+    tried bigint[];
+    page integer;
+    cut boolean;
     skipped boolean := false;
     candidate bigint;
 BEGIN
@@ -457,56 +461,72 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
-        scan_xmin := pg_snapshot_xmin(pg_current_snapshot());
+        snap_xmin := pg_snapshot_xmin(pg_current_snapshot());
         scan_ts := clock_timestamp();  -- a value, not a volatile call: the lease index can use it
-        -- The candidates, in one statement that reads each partition's cursor once:
-        -- partitions pushed to since the group last found nothing and still holding work
-        -- for it, a bounded number at a time (if the bound is reached, only those are known
-        -- to be looked at: the ones the group consumed meanwhile are passed over, so a push
-        -- that lands behind many partitions of one big transaction is still found); and
-        -- partitions whose cursor says they are behind or whose lease expired. Of these,
-        -- those with work and no live lease, oldest push first.
-        WITH pushed AS (
-            SELECT p.id, p.head_at, p.head_xid, x.lease_id, x.lease_expires_at
-              FROM conveyor.partitions p
-              -- a lookup per partition of the range, not a join the planner could turn into
-              -- a scan of every cursor of every group (OFFSET 0 keeps the subquery apart)
-              LEFT JOIN LATERAL (SELECT x.cursor, x.lease_id, x.lease_expires_at FROM conveyor.partition_cursors x
-                                  WHERE x.partition_id = p.id AND x.consumer_group = group_name OFFSET 0) x ON true
-             WHERE p.queue_id = q.id AND p.head_xid >= g.scanned_xid AND p.head > coalesce(x.cursor, 0)
-             ORDER BY p.head_xid LIMIT 1000),
-        held_back AS (
-            (SELECT p.id, p.head_at FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id
-              WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.behind AND p.head > x.cursor
-                AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts) LIMIT 1000)
-            UNION
-            (SELECT p.id, p.head_at FROM conveyor.partition_cursors x JOIN conveyor.partitions p ON p.id = x.partition_id
-              WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.lease_id IS NOT NULL
-                AND x.lease_expires_at <= scan_ts AND p.head > x.cursor LIMIT 1000))
-        SELECT (SELECT array_agg(c.id ORDER BY c.head_at NULLS LAST, c.id)
-                  FROM (SELECT pu.id, pu.head_at FROM pushed pu
-                         WHERE pu.lease_id IS NULL OR pu.lease_expires_at <= scan_ts
-                        UNION
-                        SELECT hb.id, hb.head_at FROM held_back hb) c),
-               CASE WHEN (SELECT count(*) FROM pushed) >= 1000 THEN (SELECT max(pu.head_xid) FROM pushed pu)
-                    ELSE scan_xmin END
-          INTO candidates, scan_xmin;
-        FOREACH candidate IN ARRAY coalesce(candidates, '{}') LOOP
-            EXIT WHEN taken >= max_parts OR jsonb_array_length(got) >= batch;
-            -- concurrent pops of the group skip a partition another is claiming
-            IF NOT pg_try_advisory_xact_lock(hashtextextended(candidate || '/' || group_name, 7306554613)) THEN
-                skipped := true;
-                CONTINUE;
-            END IF;
-            SELECT * INTO part FROM conveyor.partitions p WHERE p.id = candidate;
-            one := conveyor._partition_claim(q, part, group_name, batch - jsonb_array_length(got), lease,
-                                             lease_seconds, worker);
-            IF one IS NULL THEN
-                skipped := true;
-            ELSIF jsonb_array_length(one) > 0 THEN
-                got := got || one;
-                taken := taken + 1;
-            END IF;
+        tried := '{}';
+        page := 16;
+        -- The candidates, a page at a time, in one statement that reads each partition's
+        -- cursor once: partitions pushed to since the group last found nothing that hold
+        -- work for it and no live lease, oldest push first (their index's order: the scan
+        -- stops at the page's end, so a pop reads a page, not every partition holding
+        -- work); partitions the group left behind and partitions whose lease expired.
+        -- Tried oldest push first. A page that runs out before the pop is served (its
+        -- candidates were being claimed by concurrent pops) is followed by one of the rest,
+        -- up to 1,000 at a time; when that bound is reached, only those are known to be
+        -- looked at: the group's watermark moves to the newest of them, so a push that
+        -- lands behind many partitions of one big transaction is still found.
+        LOOP
+            WITH pushed AS (
+                SELECT p.id, p.head_at, p.head_xid
+                  FROM conveyor.partitions p
+                  -- a lookup per partition of the range, not a join the planner could turn
+                  -- into a scan of every cursor of every group (OFFSET 0 keeps it apart)
+                  LEFT JOIN LATERAL (SELECT x.cursor, x.lease_id, x.lease_expires_at FROM conveyor.partition_cursors x
+                                      WHERE x.partition_id = p.id AND x.consumer_group = group_name OFFSET 0) x ON true
+                 WHERE p.queue_id = q.id AND p.head_xid >= g.scanned_xid AND p.head > coalesce(x.cursor, 0)
+                   AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts) AND p.id <> ALL (tried)
+                 ORDER BY p.head_xid LIMIT page),
+            -- (each cursor's partition looked up by its key, for the same reason)
+            held_back AS (
+                (SELECT x.partition_id AS id, p.head_at FROM conveyor.partition_cursors x
+                   CROSS JOIN LATERAL (SELECT p.head, p.head_at FROM conveyor.partitions p
+                                        WHERE p.id = x.partition_id OFFSET 0) p
+                  WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.behind AND p.head > x.cursor
+                    AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts) AND x.partition_id <> ALL (tried)
+                  LIMIT page)
+                UNION
+                (SELECT x.partition_id AS id, p.head_at FROM conveyor.partition_cursors x
+                   CROSS JOIN LATERAL (SELECT p.head, p.head_at FROM conveyor.partitions p
+                                        WHERE p.id = x.partition_id OFFSET 0) p
+                  WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.lease_id IS NOT NULL
+                    AND x.lease_expires_at <= scan_ts AND p.head > x.cursor AND x.partition_id <> ALL (tried)
+                  LIMIT page))
+            SELECT (SELECT array_agg(c.id ORDER BY c.head_at NULLS LAST, c.id)
+                      FROM (SELECT pu.id, pu.head_at FROM pushed pu UNION SELECT hb.id, hb.head_at FROM held_back hb) c),
+                   (SELECT count(*) FROM pushed) >= page OR (SELECT count(*) FROM held_back) >= page,
+                   CASE WHEN (SELECT count(*) FROM pushed) >= page THEN (SELECT max(pu.head_xid) FROM pushed pu)
+                        ELSE snap_xmin END
+              INTO candidates, cut, scan_xmin;
+            FOREACH candidate IN ARRAY coalesce(candidates, '{}') LOOP
+                EXIT WHEN taken >= max_parts OR jsonb_array_length(got) >= batch;
+                tried := tried || candidate;
+                -- concurrent pops of the group skip a partition another is claiming
+                IF NOT pg_try_advisory_xact_lock(hashtextextended(candidate || '/' || group_name, 7306554613)) THEN
+                    skipped := true;
+                    CONTINUE;
+                END IF;
+                SELECT * INTO part FROM conveyor.partitions p WHERE p.id = candidate;
+                one := conveyor._partition_claim(q, part, group_name, batch - jsonb_array_length(got), lease,
+                                                 lease_seconds, worker);
+                IF one IS NULL THEN
+                    skipped := true;
+                ELSIF jsonb_array_length(one) > 0 THEN
+                    got := got || one;
+                    taken := taken + 1;
+                END IF;
+            END LOOP;
+            EXIT WHEN taken >= max_parts OR jsonb_array_length(got) >= batch OR NOT cut OR page >= 1000;
+            page := 1000;
         END LOOP;
         IF taken = 0 AND NOT skipped THEN
             UPDATE conveyor.consumer_groups x SET scanned_xid = scan_xmin
