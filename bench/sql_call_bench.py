@@ -88,6 +88,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--backlog", type=int, default=300_000, help="messages waiting for the receive scripts")
+    p.add_argument("--partitions", type=int, default=64,
+                   help="partitions the pop scripts' backlog is spread over (a wildcard pop's candidates)")
     p.add_argument("--only", nargs="+", help="run only the scripts whose names start with these")
     p.add_argument("--before", type=Path, help="a src folder whose functions files the second database gets")
     args = p.parse_args()
@@ -95,7 +97,8 @@ def main() -> None:
     scripts = {name: v for name, v in SCRIPTS.items() if not args.only or name.startswith(tuple(args.only))}
     databases = [DATABASE] + ([BEFORE] if args.before else [])
     try:
-        dsns = {db: prepare(db, args.backlog, args.before if db == BEFORE else None) for db in databases}
+        dsns = {db: prepare(db, args.backlog, args.before if db == BEFORE else None, args.partitions)
+                for db in databases}
         results: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for _ in range(args.repeat):
             for name, (_n, script) in scripts.items():
@@ -126,7 +129,7 @@ def apply_functions(conn: psycopg.Connection, text: str) -> None:
     raise RuntimeError("a functions file kept asking for functions to be dropped")
 
 
-def prepare(database: str, backlog: int, before: Path | None) -> str:
+def prepare(database: str, backlog: int, before: Path | None, partitions: int = 64) -> str:
     """A migrated database with the scripts' queues and backlogs; with ``before``, the
     function bodies of that tree (its functions files applied over this build's schema)."""
     dsn = shared.create_database(database, migrated=True)
@@ -145,8 +148,8 @@ def prepare(database: str, backlog: int, before: Path | None) -> str:
                          "ARRAY[10000]))", (BODY,))
         for _ in range(0, backlog, 1_000):  # (a push of 10,000 items took seconds before this pass)
             conn.execute("SELECT jsonb_array_length(conveyor.pqueue_push((SELECT jsonb_agg(jsonb_build_object("
-                         "'queue', 'pqr', 'partition', 'p' || k %% 64, 'payload', jsonb_build_object('note', %s::text)))"
-                         " FROM generate_series(1, 1000) k)))", (BODY,))
+                         "'queue', 'pqr', 'partition', 'p' || k %% %s, 'payload', jsonb_build_object('note', %s::text)))"
+                         " FROM generate_series(1, 1000) k)))", (partitions, BODY))
         conn.execute("INSERT INTO bench_raw (body) SELECT %s FROM generate_series(1, %s)", (BODY, backlog))
         conn.execute("ANALYZE")
     return dsn
