@@ -1340,6 +1340,11 @@ END $$;
 -- clauses, and pqueue_transaction has a new signature): an ack planned per call on a
 -- partition the statistics had not seen read every message kept before it.
 ALTER FUNCTION conveyor.pqueue_ack(jsonb, boolean) SET plan_cache_mode = force_generic_plan;
+-- Its lookups by key, like the pop's, never sequential whatever the statistics say (see
+-- pqueue_pop): statistics of when the partitions' table was small had it read the whole
+-- table, dead versions included, for a partition by its uuid and again for its head.
+ALTER FUNCTION conveyor.pqueue_ack(jsonb, boolean) SET enable_seqscan = off;
+ALTER FUNCTION conveyor.pqueue_ack(jsonb, boolean) SET jit = off;
 
 CREATE OR REPLACE FUNCTION conveyor.pqueue_transaction(operations jsonb, required_leases jsonb DEFAULT NULL) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
