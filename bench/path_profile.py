@@ -42,8 +42,9 @@ DATABASE = "conveyor_profile_bench"
 AUTH = "AWS4-HMAC-SHA256 Credential=bench/20250101/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=0"
 BODY = "x" * 100
 OPS = ("sqs-send", "sqs-query-send", "rest-send", "queen-push", "queen-pop-ack", "hq-send", "sqs-receive-delete",
-       "sqs-receive10-delete10")
-PRELOAD = 150_000  # messages waiting before sqs-receive10-delete10 (not drained in 8 s)
+       "sqs-receive10-delete10", "queen-pop10-ack10")
+PRELOAD = 150_000  # messages waiting before sqs-receive10-delete10 and queen-pop10-ack10 (not drained in 8 s)
+PARTITIONS = 64  # queen-pop10-ack10's, as peers_bench.py's
 
 # (layer, what a frame's file path contains); the first match from the innermost frame wins
 LAYERS = [
@@ -134,6 +135,8 @@ class Load:
                                    b""), 200, 201, 204)
             r = self.req("POST", f"/hq/queues/{name}/enqueue", orjson.dumps({"note": BODY}))
             return lambda: self.ok(r, 200, 201)
+        if op == "queen-pop10-ack10":
+            return await self.pop10_ack10(name)
         push = self.req("POST", "/api/v1/push", orjson.dumps(
             {"items": [{"queue": name, "partition": "p0", "payload": {"note": BODY}}]}))
         if op == "queen-push":
@@ -152,24 +155,45 @@ class Load:
         return pop_ack
 
 
-    async def receive10_delete10(self, url: str):
-        """PRELOAD messages sent in batches first; then each call receives 10 and deletes
-        them with one DeleteMessageBatch (the peers bench's "receive 10 + ack")."""
-        json10 = {"Content-Type": "application/x-amz-json-1.0"}
-        batch = self.req("POST", "/", orjson.dumps({"QueueUrl": url, "Entries": [
-            {"Id": str(i), "MessageBody": BODY} for i in range(10)]}),
-            **json10, **{"X-Amz-Target": "AmazonSQS.SendMessageBatch"})
+    async def preload(self, request: bytes, *ok: int) -> None:
+        """PRELOAD messages, ten a request, from 16 connections."""
         loaders = [RawHttp(self.http.host, self.http.port) for _ in range(16)]
 
         async def load(http: RawHttp, n: int) -> None:
             for _ in range(n):
-                status, body = await http.send(batch)
-                if status != 200:
+                status, body = await http.send(request)
+                if status not in ok:
                     raise RuntimeError(f"HTTP {status}: {body[:300]!r}")
 
         await asyncio.gather(*(load(h, PRELOAD // 10 // len(loaders)) for h in loaders))
         for h in loaders:
             await h.close()
+
+    async def pop10_ack10(self, name: str):
+        """PRELOAD messages pushed ten a request over PARTITIONS partitions first; then each
+        call pops 10 from any partition and acks them in one /ack/batch (the peers bench's
+        "receive 10 + ack" of the Queen API)."""
+        await self.preload(self.req("POST", "/api/v1/push", orjson.dumps({"items": [
+            {"queue": name, "partition": f"p{k % PARTITIONS}", "payload": {"note": BODY}} for k in range(10)]})), 201)
+        pop = self.req("GET", f"/api/v1/pop/queue/{name}?batch=10&wait=false", b"")
+
+        async def call() -> None:
+            status, body = await self.http.send(pop)
+            if status == 204:
+                return
+            acks = [{"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"],
+                     "status": "completed"} for m in orjson.loads(body)["messages"]]
+            if acks:
+                await self.ok(self.req("POST", "/api/v1/ack/batch", orjson.dumps({"acknowledgments": acks})))
+        return call
+
+    async def receive10_delete10(self, url: str):
+        """PRELOAD messages sent in batches first; then each call receives 10 and deletes
+        them with one DeleteMessageBatch (the peers bench's "receive 10 + ack")."""
+        json10 = {"Content-Type": "application/x-amz-json-1.0"}
+        await self.preload(self.req("POST", "/", orjson.dumps({"QueueUrl": url, "Entries": [
+            {"Id": str(i), "MessageBody": BODY} for i in range(10)]}),
+            **json10, **{"X-Amz-Target": "AmazonSQS.SendMessageBatch"}), 200)
         receive = self.req("POST", "/", orjson.dumps({"QueueUrl": url, "MaxNumberOfMessages": 10}),
                            **json10, **{"X-Amz-Target": "AmazonSQS.ReceiveMessage"})
 

@@ -1,6 +1,7 @@
 """Rows onto value types: by position when the columns are the fields in order, by name
 otherwise (extra columns, e.g. from a newer schema, are ignored)."""
 
+import json
 import uuid
 
 from conveyor import types
@@ -87,3 +88,19 @@ async def test_errors_are_translated_and_leave_the_connection_usable(conn):
         await execute.fetch_all(conn, "queue_create", {"name": "q1"})
     await execute.fetch_all(conn, "queue_create", {"name": "q1", "attributes": {}})
     assert (await execute.fetch_one(conn, "queue_get", {"name": "q1"}) or ("",))[0] == "q1"
+
+
+@pytest.mark.parametrize("text", [
+    '{"n": 1, "f": 1.5, "s": "é", "a": [true, null, {"x": "12345"}]}',
+    '{"big": 123456789012345678901234567890, "neg": -9223372036854775809}',  # past 64 bits
+    '[18446744073709551615, 1e300, "0123456789012345678901"]',
+    '{"deep": [[[[[[[[[[1]]]]]]]]]]}',
+])
+async def test_json_from_postgresql_reads_as_the_standard_library_reads_it(conn, text):
+    """jsonb results are read by orjson where it reads exactly what the standard library
+    does, and by the standard library where it would not (integers past 64 bits, which
+    orjson turns into floats)."""
+    cur = await conn.execute("SELECT %s::jsonb, %s::jsonb::text, %s::json", (text, text, text))
+    got_jsonb, as_text, got_json = await cur.fetchone()
+    assert repr(got_jsonb) == repr(json.loads(as_text))  # ints stay ints, in jsonb's key order
+    assert repr(got_json) == repr(json.loads(text))

@@ -11,18 +11,20 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import json
 import logging
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar, overload
 
+import orjson
 import psycopg
 import psycopg_pool
 from psycopg import generators, pq
 from psycopg.abc import Transformer as TransformerABC
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq.abc import PGresult
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_loads
 
 from conveyor import errors, types
 from conveyor.db import queries
@@ -70,6 +72,31 @@ def translated() -> Iterator[None]:
         raise
     except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.TooManyRequests) as exc:
         raise translate(exc) from exc
+
+
+# Digits as "0", everything else as " ": a run of 19 zeros is then 19 digits in a row, an
+# integer orjson may not read exactly (past 64 bits it reads a float, silently). (A regex
+# for the run cost more than the parse it spares: 48 us on a pop's ten messages.)
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_RUN = b"0" * 19
+
+
+def _json_loads(data: str | bytes) -> Any:
+    """A json or jsonb value from PostgreSQL, by orjson (8 us against the standard
+    library's 21 for a Queen pop's ten messages). A value with an integer orjson would not
+    read exactly (past 64 bits) or at all (past a float's range) goes to the standard
+    library's parser, which reads it as before."""
+    if isinstance(data, str):
+        data = data.encode()
+    if _LONG_RUN not in data.translate(_DIGITS_ONLY):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
+
+
+set_json_loads(_json_loads)  # every connection of the process, pools and tests alike
 
 
 def jsonb(value: Any) -> Any:
