@@ -32,22 +32,44 @@ class TooDeep(orjson.JSONDecodeError):
         super().__init__(f"nested deeper than {MAX_DEPTH} arrays and objects", doc, 0)
 
 
+# Digits as "0", everything else as " ": a run of 19 zeros is then 19 digits in a row.
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_RUN = b"0" * 19
+
+
+def may_hold_long_integers(data: bytes | bytearray | memoryview | str) -> bool:
+    """Whether the JSON text has 19 digits in a row: an integer orjson may not read exactly
+    (one past 64 bits it reads as a float, silently; one past a float's range not at all).
+    A translation and a search, at C speed (a regex for the run cost more than a parse)."""
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    return _LONG_RUN in raw.translate(_DIGITS_ONLY)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def loads(data: bytes | bytearray | memoryview | str, *, big_integers: bool = False) -> Any:
-    """``orjson.loads(data)``, or ``TooDeep``; with ``big_integers``, integers past 64 bits,
-    which orjson refuses, are read too (by the standard library's parser)."""
-    try:
-        value = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        if exc.msg.startswith("depth limit exceeded"):  # orjson's own, past 1024
-            raise TooDeep() from None
-        if not big_integers:
-            raise
+    """``orjson.loads(data)``, or ``TooDeep``; with ``big_integers``, a text that may hold
+    integers orjson does not read exactly (past 64 bits) is read by the standard library's
+    parser instead, which keeps them as they are written (and refuses ``NaN`` and
+    ``Infinity``, as orjson does)."""
+    if big_integers and may_hold_long_integers(data):
         try:
-            value = json.loads(data)
+            value = json.loads(bytes(data) if isinstance(data, memoryview) else data,
+                               parse_constant=_refuse_constant)
         except RecursionError:
             raise TooDeep() from None
-        except ValueError:
-            raise exc from None
+        except ValueError as exc:
+            orjson.loads(data)  # malformed: orjson's error, as for any other text, or
+            raise orjson.JSONDecodeError(str(exc), "", 0) from None  # what only this parser refuses
+    else:
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            if exc.msg.startswith("depth limit exceeded"):  # orjson's own, past 1024
+                raise TooDeep() from None
+            raise
     check(value, data)
     return value
 

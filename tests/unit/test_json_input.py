@@ -73,3 +73,19 @@ def test_check_without_the_text_walks_the_value():
     json_input.check(json.loads(arrays(MAX_DEPTH)))
     with pytest.raises(json_input.TooDeep):
         json_input.check(json.loads(arrays(MAX_DEPTH + 1)))
+
+
+@pytest.mark.parametrize("text", ['{"n": 123456789012345678901234567890}', "[-9223372036854775809, 1.5]",
+                                  '{"id": "0123456789012345678901", "n": 18446744073709551616}'])
+def test_big_integers_keep_their_digits(text):
+    """orjson reads an integer past 64 bits as a float without a word (past a float's
+    range it refuses it): asked for big integers, the text is read by the standard
+    library's parser, which keeps every digit."""
+    assert repr(json_input.loads(text, big_integers=True)) == repr(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["[NaN, 12345678901234567890]", '{"a": Infinity, "n": 12345678901234567890}',
+                                  "[1234567890123456789012,"])
+def test_what_orjson_refuses_is_refused_with_big_integers_too(text):
+    with pytest.raises(orjson.JSONDecodeError):
+        json_input.loads(text, big_integers=True)

@@ -26,7 +26,7 @@ from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq.abc import PGresult
 from psycopg.types.json import Jsonb, set_json_loads
 
-from conveyor import errors, types
+from conveyor import errors, json_input, types
 from conveyor.db import queries
 
 log = logging.getLogger(__name__)
@@ -74,21 +74,11 @@ def translated() -> Iterator[None]:
         raise translate(exc) from exc
 
 
-# Digits as "0", everything else as " ": a run of 19 zeros is then 19 digits in a row, an
-# integer orjson may not read exactly (past 64 bits it reads a float, silently). (A regex
-# for the run cost more than the parse it spares: 48 us on a pop's ten messages.)
-_DIGITS_ONLY = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
-_LONG_RUN = b"0" * 19
-
-
 def _json_loads(data: str | bytes) -> Any:
     """A json or jsonb value from PostgreSQL, by orjson (8 us against the standard
-    library's 21 for a Queen pop's ten messages). A value with an integer orjson would not
-    read exactly (past 64 bits) or at all (past a float's range) goes to the standard
-    library's parser, which reads it as before."""
-    if isinstance(data, str):
-        data = data.encode()
-    if _LONG_RUN not in data.translate(_DIGITS_ONLY):
+    library's 21 for a Queen pop's ten messages), or by the standard library's parser where
+    an integer could lose its exactness in orjson (``json_input.may_hold_long_integers``)."""
+    if not json_input.may_hold_long_integers(data):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
