@@ -100,6 +100,21 @@ BEGIN
     RETURN (SELECT s.value FROM conveyor.secrets s WHERE s.name = secret_name);
 END $$;
 
+-- Whether text is a UUID as `^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$`
+-- (case-insensitive) says, so that a cast of it cannot fail. That regex costs 2.5-5 us a
+-- text (measured: half of the statement that groups an ack call's acks); the usual forms,
+-- 36 characters with the four hyphens in place and 32 without any, are told by string
+-- functions for a fraction of that, and the others still by the regex. An expression, so
+-- that it is inlined where it is used.
+CREATE OR REPLACE FUNCTION conveyor._is_uuid(s text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE length(s)
+               WHEN 36 THEN translate(s, '0123456789abcdefABCDEF', '') = '----' AND substr(s, 9, 1) = '-'
+                            AND substr(s, 14, 1) = '-' AND substr(s, 19, 1) = '-' AND substr(s, 24, 1) = '-'
+               WHEN 32 THEN translate(s, '0123456789abcdefABCDEF', '') = ''
+               ELSE s ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' END
+$$;
+
 -- Integer option: a JSON number (or numeric string) within bounds, or the default.
 CREATE OR REPLACE FUNCTION conveyor._int_option(options jsonb, key text, lo integer, hi integer, dflt integer)
 RETURNS integer
@@ -111,11 +126,15 @@ BEGIN
     IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
         RETURN dflt;
     END IF;
-    BEGIN
-        n := (v #>> '{}')::numeric;
-    EXCEPTION WHEN others THEN
-        PERFORM conveyor._raise('CVV01', format('option %s must be a number, got %s', key, left(v::text, 100)));
-    END;
+    IF jsonb_typeof(v) = 'number' THEN
+        n := v::numeric;  -- cannot fail: no subtransaction (the block below starts one)
+    ELSE
+        BEGIN
+            n := (v #>> '{}')::numeric;
+        EXCEPTION WHEN others THEN
+            PERFORM conveyor._raise('CVV01', format('option %s must be a number, got %s', key, left(v::text, 100)));
+        END;
+    END IF;
     IF n <> trunc(n) OR n < lo OR n > hi THEN
         PERFORM conveyor._raise('CVV01', format('option %s must be a whole number from %s to %s, got %s', key, lo, hi, n));
     END IF;

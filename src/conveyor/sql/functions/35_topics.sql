@@ -109,7 +109,7 @@ CREATE OR REPLACE FUNCTION conveyor._subscription_id(ref text) RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT s.id FROM conveyor.subscriptions s
      WHERE s.id = CASE WHEN ref ~ '^[0-9]{1,18}$' THEN ref::bigint END
-        OR s.uuid = CASE WHEN ref ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+        OR s.uuid = CASE WHEN conveyor._is_uuid(ref)
                          THEN ref::uuid END
 $$;
 

@@ -180,7 +180,7 @@ BEGIN
         INSERT INTO conveyor.partition_messages (partition_id, seq, id, transaction_id, trace_id, payload,
                                                  is_encrypted, producer_sub)
         VALUES (part_id, seq, message_id, txid,
-                CASE WHEN item ->> 'traceId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+                CASE WHEN conveyor._is_uuid(item ->> 'traceId')
                      THEN (item ->> 'traceId')::uuid END,
                 item -> 'payload', coalesce(item ->> 'encrypted', 'false') = 'true', item ->> 'producerSub');
         UPDATE conveyor.partitions p SET head = seq, head_at = clock_timestamp(), head_xid = conveyor._pushed_mark()
@@ -275,7 +275,7 @@ BEGIN
         SELECT (x.ord - 1)::integer AS idx, q.name AS queue, p.name AS partition, p.id AS partition_id,
                p.uuid AS partition_uuid, p.head, x.item -> 'payload' AS payload,
                coalesce(nullif(x.item ->> 'transactionId', ''), gen_random_uuid()::text) AS transaction_id,
-               CASE WHEN x.item ->> 'traceId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+               CASE WHEN conveyor._is_uuid(x.item ->> 'traceId')
                     THEN (x.item ->> 'traceId')::uuid END AS trace_id,
                x.item ->> 'producerSub' AS producer_sub,
                coalesce(x.item ->> 'encrypted', 'false') = 'true' AS is_encrypted,
@@ -700,7 +700,7 @@ BEGIN
     END IF;
     FOR l IN SELECT * FROM jsonb_array_elements(leases) LOOP
         until := NULL;
-        IF l ->> 'leaseId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+        IF conveyor._is_uuid(l ->> 'leaseId') THEN
             WITH renewed AS (
                 UPDATE conveyor.partition_cursors x
                    SET lease_expires_at = clock_timestamp() + make_interval(
@@ -866,7 +866,7 @@ BEGIN
     IF jsonb_typeof(data) IS DISTINCT FROM 'object' THEN
         PERFORM conveyor._raise('CVV01', 'a trace is a JSON object');
     END IF;
-    IF data ->> 'partitionId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+    IF conveyor._is_uuid(data ->> 'partitionId') THEN
         SELECT x.* INTO m FROM conveyor.partition_messages x JOIN conveyor.partitions p ON p.id = x.partition_id
          WHERE p.uuid = (data ->> 'partitionId')::uuid AND x.transaction_id = data ->> 'transactionId';
     END IF;
@@ -1092,8 +1092,7 @@ BEGIN
                        coalesce(nullif(x.a ->> 'consumerGroup', ''), '__QUEUE_MODE__') AS group_name,
                        lower(coalesce(nullif(x.a ->> 'status', ''), 'completed')) IN ('completed', 'success')
                            AND nullif(x.a ->> 'leaseId', '') IS NOT NULL AS completion,
-                       CASE WHEN x.a ->> 'partitionId'
-                                 ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+                       CASE WHEN conveyor._is_uuid(x.a ->> 'partitionId')
                             THEN (x.a ->> 'partitionId')::uuid END AS partition_uuid
                   FROM jsonb_array_elements(acks) WITH ORDINALITY x(a, i)
                  WHERE jsonb_typeof(x.a) = 'object') e
@@ -1202,7 +1201,7 @@ BEGIN
         m := NULL;
         IF a ->> 'partitionId' IS NOT DISTINCT FROM named_partition THEN
             NULL;  -- the partition (and its queue) of the ack before: acks of a batch mostly name one
-        ELSIF a ->> 'partitionId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+        ELSIF conveyor._is_uuid(a ->> 'partitionId') THEN
             SELECT * INTO part FROM conveyor.partitions p WHERE p.uuid = (a ->> 'partitionId')::uuid;
             SELECT * INTO q FROM conveyor.pqueues WHERE id = part.queue_id;
             named_partition := a ->> 'partitionId';
@@ -1365,7 +1364,7 @@ BEGIN
             PERFORM conveyor._raise('CVV01', 'requiredLeases must be a JSON array of lease ids');
         END IF;
         SELECT l INTO missing FROM jsonb_array_elements_text(required_leases) l
-         WHERE l !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' LIMIT 1;
+         WHERE NOT conveyor._is_uuid(l) LIMIT 1;
         IF missing IS NULL THEN
             SELECT array_agg(DISTINCT x.lease_id) INTO held FROM (
                 SELECT c.lease_id FROM conveyor.partition_cursors c
@@ -1385,7 +1384,7 @@ BEGIN
         CASE op ->> 'type'
             WHEN 'ack' THEN
                 IF held IS NOT NULL AND nullif(op ->> 'leaseId', '') IS NULL
-                   AND op ->> 'partitionId' ~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$' THEN
+                   AND conveyor._is_uuid(op ->> 'partitionId') THEN
                     SELECT c.lease_id INTO lease FROM conveyor.partition_cursors c
                       JOIN conveyor.partitions p ON p.id = c.partition_id
                      WHERE p.uuid = (op ->> 'partitionId')::uuid
