@@ -566,6 +566,12 @@ ALTER FUNCTION conveyor.pqueue_pop(jsonb) SET plan_cache_mode = force_generic_pl
 -- 10^10 with them off, past jit_above_cost, and compiling it took 116 ms a pop.
 ALTER FUNCTION conveyor.pqueue_pop(jsonb) SET enable_seqscan = off;
 ALTER FUNCTION conveyor.pqueue_pop(jsonb) SET jit = off;
+-- Nor bitmap scans: the claim reads a partition's next messages in the order of its key
+-- and stops at the batch's end; a bitmap scan reads every message of the partition past
+-- the cursor, then sorts them (the generic plan's choice where the statistics say a
+-- partition holds a few dozen: measured, 362 us against 118 for a pop of ten with
+-- 1,024 partitions of 146 messages each, every one on a page of its own).
+ALTER FUNCTION conveyor.pqueue_pop(jsonb) SET enable_bitmapscan = off;
 
 -- Several pops in one call (request fusion): one answer per request, in order. They run
 -- one after the other in one transaction, so no two of them get the same partition.
