@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -472,6 +473,45 @@ async def test_a_wildcard_pop_reads_a_page_of_the_partitions_holding_work(conn):
             read = sum([await _table_rows_read(conn, t) for t in ("partitions", "partition_cursors")]) - before
         assert len(got) == 3
         assert read < 200, f"{read} partitions and cursors read by a pop, with 1,000 partitions holding work"
+
+
+async def test_a_wildcard_pop_does_not_walk_the_partitions_its_group_drained(conn):
+    """Partitions pushed by one transaction share its mark, so the group's watermark cannot
+    pass the drained ones by transaction id alone, and pops that keep finding work never
+    move it: each pop walked every drained partition before it found a page with work
+    (1,271 us a pop with a few hundred of 1,024 drained). The mark is a key of the walk's
+    order, moved up to the first partition with work by the pops that find it."""
+    await conn.execute("""SELECT conveyor.pqueue_push(jsonb_agg(jsonb_build_object(
+                              'queue', 'drained', 'partition', 'p' || (g % 600), 'payload', g)))
+                            FROM generate_series(1, 1200) g""")
+    for _ in range(4):  # 400 partitions drained, in the order pops take them
+        cur = await conn.execute("""SELECT conveyor.pqueue_pop(
+                                      '{"queue": "drained", "batch": 200, "maxPartitions": 100, "autoAck": true}')""")
+        assert len((await cur.fetchone())[0]["messages"]) == 200
+    # a push marks its partitions with its transaction id rounded up to a multiple of 1024
+    # (their updates stay HOT): while a transaction below that mark is running, a push may
+    # still commit with the same mark, so the watermark may not pass any partition so
+    # marked. The transactions a server runs meanwhile are these; and the test harness
+    # creates databases in the background, each a transaction, which are waited out.
+    for _ in range(1100):
+        await conn.execute("SELECT pg_current_xact_id()")
+    for _ in range(300):
+        cur = await conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot()) > max(p.head_xid) "
+                                 "FROM conveyor.partitions p")
+        if (await cur.fetchone())[0]:
+            break
+        await asyncio.sleep(0.05)
+    await conn.execute("VACUUM ANALYZE conveyor.partitions, conveyor.partition_cursors, conveyor.consumer_groups")
+    pop = """SELECT conveyor.pqueue_pop('{"queue": "drained", "batch": 2, "autoAck": true}')"""
+    await conn.execute(pop)  # walks the drained partitions once, and moves the mark past them
+    for _ in range(8):
+        async with conn.transaction():
+            before = sum([await _table_rows_read(conn, t) for t in ("partitions", "partition_cursors")])
+            cur = await conn.execute(pop)
+            got = (await cur.fetchone())[0]["messages"]
+            read = sum([await _table_rows_read(conn, t) for t in ("partitions", "partition_cursors")]) - before
+        assert len(got) == 2
+        assert read < 200, f"{read} partitions and cursors read by a pop, with 400 of 600 partitions drained"
 
 
 async def test_a_pop_finds_its_queue_by_name_among_many(conn):

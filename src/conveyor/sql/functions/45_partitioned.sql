@@ -430,6 +430,8 @@ DECLARE
     scan_xmin xid8;
     scan_ts timestamptz;
     candidates bigint[];
+    first_xid xid8;
+    first_id bigint;
     tried bigint[];
     page integer;
     cut boolean;
@@ -477,36 +479,57 @@ BEGIN
         -- lands behind many partitions of one big transaction is still found.
         LOOP
             WITH pushed AS (
-                SELECT p.id, p.head_at, p.head_xid
+                SELECT p.id, p.head_xid
                   FROM conveyor.partitions p
                   -- a lookup per partition of the range, not a join the planner could turn
                   -- into a scan of every cursor of every group (OFFSET 0 keeps it apart)
                   LEFT JOIN LATERAL (SELECT x.cursor, x.lease_id, x.lease_expires_at FROM conveyor.partition_cursors x
                                       WHERE x.partition_id = p.id AND x.consumer_group = group_name OFFSET 0) x ON true
-                 WHERE p.queue_id = q.id AND p.head_xid >= g.scanned_xid AND p.head > coalesce(x.cursor, 0)
+                 WHERE p.queue_id = q.id AND (p.head_xid, p.id) >= (g.scanned_xid, g.scanned_id)
+                   AND p.head > coalesce(x.cursor, 0)
                    AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts) AND p.id <> ALL (tried)
-                 ORDER BY p.head_xid LIMIT page),
+                 ORDER BY p.head_xid, p.id LIMIT page),
             -- (each cursor's partition looked up by its key, for the same reason)
             held_back AS (
-                (SELECT x.partition_id AS id, p.head_at FROM conveyor.partition_cursors x
-                   CROSS JOIN LATERAL (SELECT p.head, p.head_at FROM conveyor.partitions p
+                (SELECT x.partition_id AS id, p.head_xid FROM conveyor.partition_cursors x
+                   CROSS JOIN LATERAL (SELECT p.head, p.head_xid FROM conveyor.partitions p
                                         WHERE p.id = x.partition_id OFFSET 0) p
                   WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.behind AND p.head > x.cursor
                     AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts) AND x.partition_id <> ALL (tried)
                   LIMIT page)
                 UNION
-                (SELECT x.partition_id AS id, p.head_at FROM conveyor.partition_cursors x
-                   CROSS JOIN LATERAL (SELECT p.head, p.head_at FROM conveyor.partitions p
+                (SELECT x.partition_id AS id, p.head_xid FROM conveyor.partition_cursors x
+                   CROSS JOIN LATERAL (SELECT p.head, p.head_xid FROM conveyor.partitions p
                                         WHERE p.id = x.partition_id OFFSET 0) p
                   WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.lease_id IS NOT NULL
                     AND x.lease_expires_at <= scan_ts AND p.head > x.cursor AND x.partition_id <> ALL (tried)
                   ORDER BY x.lease_expires_at LIMIT page))
-            SELECT (SELECT array_agg(c.id ORDER BY c.head_at NULLS LAST, c.id)
-                      FROM (SELECT pu.id, pu.head_at FROM pushed pu UNION SELECT hb.id, hb.head_at FROM held_back hb) c),
+            SELECT (SELECT array_agg(c.id ORDER BY c.head_xid, c.id)
+                      FROM (SELECT pu.id, pu.head_xid FROM pushed pu UNION SELECT hb.id, hb.head_xid FROM held_back hb) c),
                    (SELECT count(*) FROM pushed) >= page OR (SELECT count(*) FROM held_back) >= page,
                    CASE WHEN (SELECT count(*) FROM pushed) >= page THEN (SELECT max(pu.head_xid) FROM pushed pu)
-                        ELSE snap_xmin END
-              INTO candidates, cut, scan_xmin;
+                        ELSE snap_xmin END,
+                   (SELECT pu.head_xid FROM pushed pu ORDER BY pu.head_xid, pu.id LIMIT 1),
+                   (SELECT pu.id FROM pushed pu ORDER BY pu.head_xid, pu.id LIMIT 1)
+              INTO candidates, cut, scan_xmin, first_xid, first_id;
+            IF cardinality(tried) = 0 THEN
+                -- Every partition the walk passed before its first with work (or, if it
+                -- found none, every one it passed) was drained or held under a lease (its
+                -- end is found through the cursor): the mark moves up to it, capped at the
+                -- oldest transaction still running, so no push it passes is still to
+                -- commit. By the pop that can lock the group's row: the others go on.
+                IF first_xid IS NULL OR first_xid >= snap_xmin THEN
+                    first_xid := snap_xmin;
+                    first_id := 0;
+                END IF;
+                IF (first_xid, first_id) > (g.scanned_xid, g.scanned_id) THEN
+                    UPDATE conveyor.consumer_groups x SET scanned_xid = first_xid, scanned_id = first_id
+                     WHERE x.queue_id = q.id AND x.name = group_name
+                       AND (x.scanned_xid, x.scanned_id) < (first_xid, first_id)
+                       AND x.ctid = (SELECT y.ctid FROM conveyor.consumer_groups y
+                                      WHERE y.queue_id = q.id AND y.name = group_name FOR UPDATE SKIP LOCKED);
+                END IF;
+            END IF;
             FOREACH candidate IN ARRAY coalesce(candidates, '{}') LOOP
                 EXIT WHEN taken >= max_parts OR jsonb_array_length(got) >= batch;
                 tried := tried || candidate;
@@ -529,14 +552,17 @@ BEGIN
             page := 1000;
         END LOOP;
         IF taken = 0 AND NOT skipped THEN
-            UPDATE conveyor.consumer_groups x SET scanned_xid = scan_xmin
-             WHERE x.queue_id = q.id AND x.name = group_name AND x.scanned_xid < scan_xmin;
+            UPDATE conveyor.consumer_groups x SET scanned_xid = scan_xmin, scanned_id = 0
+             WHERE x.queue_id = q.id AND x.name = group_name AND (x.scanned_xid, x.scanned_id) < (scan_xmin, 0);
         END IF;
     END LOOP;
     IF coalesce(request ->> 'autoAck', 'false') = 'true' AND jsonb_array_length(got) > 0 THEN
         -- at most once: delivered means done, and no lease is left behind
+        -- (each message's partition looked up by its key: a join read every partition's)
         PERFORM conveyor._partition_done(p.id, group_name, (e ->> 'seq')::bigint)
-           FROM jsonb_array_elements(got) e JOIN conveyor.partitions p ON p.uuid = (e ->> 'partitionId')::uuid;
+           FROM jsonb_array_elements(got) e
+          CROSS JOIN LATERAL (SELECT p.id FROM conveyor.partitions p
+                               WHERE p.uuid = (e ->> 'partitionId')::uuid OFFSET 0) p;
         UPDATE conveyor.partition_cursors x
            SET lease_id = NULL, lease_expires_at = NULL, leased_through = NULL,
                behind = (SELECT p.head FROM conveyor.partitions p WHERE p.id = x.partition_id) > x.cursor
@@ -763,7 +789,7 @@ DECLARE
     n integer;
 BEGIN
     UPDATE conveyor.consumer_groups x SET mode = CASE WHEN at IS NULL THEN 'new' ELSE 'timestamp' END,
-                                          start_at = coalesce(at, now()), scanned_xid = '0'
+                                          start_at = coalesce(at, now()), scanned_xid = '0', scanned_id = 0
      WHERE x.queue_id = q.id AND x.name = g.name;
     INSERT INTO conveyor.partition_cursors (partition_id, consumer_group, queue_id)
     SELECT p.id, g.name, q.id FROM conveyor.partitions p WHERE p.queue_id = q.id
