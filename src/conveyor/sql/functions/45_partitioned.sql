@@ -403,13 +403,15 @@ END $$;
 -- {messages: [...], leaseId} (messages empty when there is nothing to pop).
 --
 -- A wildcard pop must not scan every partition of a large queue each time. Candidates are
--- (1) partitions pushed to since the group last found nothing (partitions.head_xid at or
--- after the group's scanned_xid, through partitions_pushed_idx), (2) partitions whose
--- cursor says they are behind (a pop took part of their backlog, a failure released a
--- lease), (3) partitions whose lease expired. When a pop finds nothing it moves the
--- group's scanned_xid to the oldest transaction still running: every push from before has
--- committed and was looked at, and every later one is found by (1). A pop that skipped a
--- candidate (another pop or an ack held it) did not look at it, and leaves scanned_xid.
+-- (1) partitions pushed to since the group's mark (partitions (head_xid, id) at or after
+-- the group's (scanned_xid, scanned_id), through partitions_pushed_idx, in that order),
+-- (2) partitions whose cursor says they are behind (a pop took part of their backlog, a
+-- failure released a lease), (3) partitions whose lease expired. When a pop finds nothing
+-- it moves the group's mark to the oldest transaction still running: every push from
+-- before has committed and was looked at, and every later one is found by (1). A pop that
+-- skipped a candidate (another pop or an ack held it) did not look at it, and leaves the
+-- mark there. A pop whose walk in (1) passed drained or leased partitions before its first
+-- with work moves the mark up to that one (see below).
 CREATE OR REPLACE FUNCTION conveyor.pqueue_pop(request jsonb) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
 DECLARE
