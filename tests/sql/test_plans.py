@@ -450,6 +450,17 @@ async def test_a_wildcard_pop_reads_its_own_groups_cursors_only(conn):
         assert read < 400, f"{read} cursor rows read by a pop over 100 partitions, with 2,000 cursors of other groups"
 
 
+async def _popped_reading(conn, request: str) -> tuple[list, int]:
+    """A pop in its own transaction: its messages, and the partitions' and cursors' rows
+    and index entries it read."""
+    tables = ("partitions", "partition_cursors")
+    async with conn.transaction():
+        before = sum([await _table_rows_read(conn, t) for t in tables])
+        cur = await conn.execute("SELECT conveyor.pqueue_pop(%s::jsonb)", (request,))
+        got = (await cur.fetchone())[0]["messages"]
+        return got, sum([await _table_rows_read(conn, t) for t in tables]) - before
+
+
 async def test_a_wildcard_pop_reads_a_page_of_the_partitions_holding_work(conn):
     """A pop that names no partition reads its candidates in pages, in the order of an
     index (the oldest push first), and stops at the end of a page: the partitions and
@@ -466,11 +477,7 @@ async def test_a_wildcard_pop_reads_a_page_of_the_partitions_holding_work(conn):
     # scan reads until it or a vacuum marks them dead; that follows the writes, not the pop)
     await conn.execute("VACUUM ANALYZE conveyor.partitions, conveyor.partition_cursors")
     for _ in range(8):  # past the custom plans
-        async with conn.transaction():
-            before = sum([await _table_rows_read(conn, t) for t in ("partitions", "partition_cursors")])
-            cur = await conn.execute("""SELECT conveyor.pqueue_pop('{"queue": "wide", "batch": 10}')""")
-            got = (await cur.fetchone())[0]["messages"]
-            read = sum([await _table_rows_read(conn, t) for t in ("partitions", "partition_cursors")]) - before
+        got, read = await _popped_reading(conn, '{"queue": "wide", "batch": 10}')
         assert len(got) == 3
         assert read < 200, f"{read} partitions and cursors read by a pop, with 1,000 partitions holding work"
 
@@ -502,14 +509,10 @@ async def test_a_wildcard_pop_does_not_walk_the_partitions_its_group_drained(con
             break
         await asyncio.sleep(0.05)
     await conn.execute("VACUUM ANALYZE conveyor.partitions, conveyor.partition_cursors, conveyor.consumer_groups")
-    pop = """SELECT conveyor.pqueue_pop('{"queue": "drained", "batch": 2, "autoAck": true}')"""
-    await conn.execute(pop)  # walks the drained partitions once, and moves the mark past them
+    pop = '{"queue": "drained", "batch": 2, "autoAck": true}'
+    await _popped_reading(conn, pop)  # walks the drained partitions once, and moves the mark past them
     for _ in range(8):
-        async with conn.transaction():
-            before = sum([await _table_rows_read(conn, t) for t in ("partitions", "partition_cursors")])
-            cur = await conn.execute(pop)
-            got = (await cur.fetchone())[0]["messages"]
-            read = sum([await _table_rows_read(conn, t) for t in ("partitions", "partition_cursors")]) - before
+        got, read = await _popped_reading(conn, pop)
         assert len(got) == 2
         assert read < 200, f"{read} partitions and cursors read by a pop, with 400 of 600 partitions drained"
 

@@ -470,8 +470,8 @@ BEGIN
         tried := '{}';
         page := 16;
         -- The candidates, a page at a time, in one statement that reads each partition's
-        -- cursor once: partitions pushed to since the group last found nothing that hold
-        -- work for it and no live lease, oldest push first (their index's order: the scan
+        -- cursor once: partitions pushed to since the group's mark that hold work for it
+        -- and no live lease, oldest push first (their index's order: the scan
         -- stops at the page's end, so a pop reads a page, not every partition holding
         -- work); partitions the group left behind and partitions whose lease expired.
         -- Tried oldest push first. A page that runs out before the pop is served (its
