@@ -60,6 +60,24 @@ async def test_statements_dropped_under_the_connection_are_prepared_again(conn):
     assert len(await _prepared(conn)) == 1
 
 
+async def test_a_rollback_keeps_the_statements_prepared_in_a_transaction(conn):
+    """psycopg prepares a statement its cursors run five times (a health check's SELECT 1)
+    and, at the next ROLLBACK, drops every prepared statement of the connection (DEALLOCATE
+    ALL), Conveyor's included: a named call in a transaction after it failed (a 500). The
+    connections leave preparing to Conveyor's named calls."""
+    await execute.fetch_all(conn, "queue_create", {"name": "q1", "attributes": {}})
+    for _ in range(2):
+        await execute.fetch_one(conn, "queue_get", {"name": "q1"})
+    for _ in range(6):
+        await conn.execute("SELECT 1")
+    with pytest.raises(ZeroDivisionError):
+        async with conn.transaction():
+            1 / 0  # noqa: B018
+    async with conn.transaction():
+        found = await execute.fetch_one(conn, "queue_get", {"name": "q1"})
+    assert found is not None and found[0] == "q1"
+
+
 async def test_a_statement_prepared_by_a_call_that_did_not_record_it_is_used(conn):
     await execute.fetch_all(conn, "queue_create", {"name": "q1", "attributes": {}})
     await execute.fetch_one(conn, "queue_get", {"name": "q1"})  # its first run: the key recorded

@@ -151,6 +151,12 @@ def _rows(res: PGresult, tx: TransformerABC, row: type[Any] | None) -> list[Any]
 # size) that a connection runs a second time is prepared on it (psycopg prepares at the
 # fifth) and run by name from then on.
 
+# The connections the named queries run on leave preparing to them: psycopg's own (a
+# statement its cursors ran five times) would also, at the connection's next ROLLBACK,
+# drop every prepared statement of the connection (DEALLOCATE ALL), these included, and a
+# named query in a transaction after that would fail (outside one it is made again).
+CONNECT: dict[str, Any] = {"prepare_threshold": None}
+
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%|%")
 _PREPARE_AT = 2  # the run of a statement, on one connection, that prepares it
 _PREPARED_MAX = 512  # named statements per connection (beyond: run unnamed)

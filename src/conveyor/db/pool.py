@@ -77,7 +77,7 @@ class Database:
             timeout=timeout,
             max_waiting=max_waiting,
             open=False,
-            kwargs={"autocommit": True, "application_name": application_name},
+            kwargs={"autocommit": True, "application_name": application_name, **execute.CONNECT},
             reconnect_timeout=RECONNECT_WINDOW,
             reconnect_failed=self._reconnect_failed,
         )
@@ -356,7 +356,7 @@ async def connect(dsn: str, *, autocommit: bool = True) -> AsyncIterator[execute
     connect says why, and where (conveyor.db.reach)."""
     try:
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit,
-                                                     application_name="conveyor")
+                                                     application_name="conveyor", **execute.CONNECT)
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         failure = reach.classify(exc)
         error = errors.DatabaseUnreachable if failure.transient else errors.DatabaseRejected
