@@ -15,6 +15,7 @@ import pytest
 from conveyor import errors
 from conveyor.core import partitioned as pq
 from conveyor.db import pool
+from support import xmin
 
 
 def _items(queue: str, partition: str, *txns: str) -> list[dict]:
@@ -421,6 +422,40 @@ async def test_a_wildcard_pop_looks_past_a_page_of_partitions_being_claimed(conn
         await conn.commit()
     rest = await pq.pop(conn, {"queue": "paged", "batch": 100, "maxPartitions": 100})
     assert sorted(m["partition"] for m in rest["messages"]) == sorted(parts[:-1])
+
+
+async def test_a_pop_that_finds_nothing_is_a_read(conn):
+    """An idle consumer polls: its pops must not write (a transaction id, WAL and a flush at
+    commit each). Only the first pop after work was drained moves the group's mark."""
+    await pq.push(conn, _items("idle", "p1", "a") + _items("idle", "p2", "b"))
+    for partition in ("p1", "p2"):
+        popped = await pq.pop(conn, {"queue": "idle", "partition": partition, "batch": 10})
+        await pq.ack(conn, _acks(popped))
+    await pq.push(conn, _items("idle", "p3", "c"))
+    assert len((await pq.pop(conn, {"queue": "idle", "partition": "p3", "leaseSeconds": 60}))["messages"]) == 1
+    await xmin.past_pushes(conn)  # (so that the mark can pass p1 to p3)
+    assert (await pq.pop(conn, {"queue": "idle", "batch": 10}))["messages"] == []  # moves the mark
+    # ...up to the oldest running transaction; a newer one, and the mark could move again:
+    # a pop moved it (a write) over a range of no partitions
+    await xmin.past(conn, "SELECT g.scanned_xid FROM conveyor.consumer_groups g WHERE g.name = '__QUEUE_MODE__'")
+
+    new_group = {"queue": "idle", "consumerGroup": "g", "subscriptionMode": "new"}
+
+    async def xid_of(request: dict) -> int | None:
+        async with conn.transaction(force_rollback=True):
+            answer = await pq.pop(conn, request)
+            assert answer["messages"] == []
+            return (await (await conn.execute("SELECT pg_current_xact_id_if_assigned()::text::bigint")).fetchone())[0]
+
+    for request in ({"queue": "idle", "batch": 10},  # wildcard: drained partitions, and one leased
+                    {"queue": "idle", "partition": "p1"},  # drained
+                    {"queue": "idle", "partition": "p3"},  # leased to another
+                    {"queue": "idle", "partition": "nowhere"},
+                    new_group):  # a group's first pop makes the group and its cursors: a write
+        xid = await xid_of(request)
+        assert (xid is not None) == (request is new_group), request
+    await pq.pop(conn, new_group)
+    assert await xid_of(new_group) is None  # its first pop moved its mark past what it read
 
 
 async def test_priority_orders_queues_of_a_namespace(conn):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ from psycopg.types.json import Jsonb
 from conftest import create_database, drop_database, unique_name
 from conveyor.core import queues
 from dialects import pgmq_support
+from support import xmin
 
 
 async def _plan(conn, sql: str, params: tuple = ()) -> str:
@@ -495,19 +495,9 @@ async def test_a_wildcard_pop_does_not_walk_the_partitions_its_group_drained(con
         cur = await conn.execute("""SELECT conveyor.pqueue_pop(
                                       '{"queue": "drained", "batch": 200, "maxPartitions": 100, "autoAck": true}')""")
         assert len((await cur.fetchone())[0]["messages"]) == 200
-    # a push marks its partitions with its transaction id rounded up to a multiple of 1024
-    # (their updates stay HOT): while a transaction below that mark is running, a push may
-    # still commit with the same mark, so the watermark may not pass any partition so
-    # marked. The transactions a server runs meanwhile are these; and the test harness
-    # creates databases in the background, each a transaction, which are waited out.
-    for _ in range(1100):
-        await conn.execute("SELECT pg_current_xact_id()")
-    for _ in range(300):
-        cur = await conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot()) > max(p.head_xid) "
-                                 "FROM conveyor.partitions p")
-        if (await cur.fetchone())[0]:
-            break
-        await asyncio.sleep(0.05)
+    # while a transaction below a partition's push mark is running, a push may still commit
+    # with the same mark, so the watermark may not pass any partition so marked: waited out
+    await xmin.past_pushes(conn)
     await conn.execute("VACUUM ANALYZE conveyor.partitions, conveyor.partition_cursors, conveyor.consumer_groups")
     pop = '{"queue": "drained", "batch": 2, "autoAck": true}'
     await _popped_reading(conn, pop)  # walks the drained partitions once, and moves the mark past them

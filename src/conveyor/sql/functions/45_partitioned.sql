@@ -397,6 +397,18 @@ BEGIN
     RETURN g;
 END $$;
 
+-- Whether a partition of the queue was pushed to within the walk's range [(from_xid,
+-- from_id), (to_xid, to_id)): the group's mark moves only over such a range. Moving it over
+-- an empty one saves no pop any reading, and would make every pop that finds nothing a
+-- write (a transaction id, a WAL record and a flush at commit for a read).
+CREATE OR REPLACE FUNCTION conveyor._pushed_between(queue_id bigint, from_xid xid8, from_id bigint,
+                                                   to_xid xid8, to_id bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT FROM conveyor.partitions p
+                    WHERE p.queue_id = _pushed_between.queue_id
+                      AND (p.head_xid, p.id) >= (from_xid, from_id) AND (p.head_xid, p.id) < (to_xid, to_id))
+$$;
+
 -- Pops: {queue?, namespace?, task?, partition?, consumerGroup?, batch, maxPartitions?,
 -- leaseSeconds?, workerId?}. Without a partition, takes up to maxPartitions partitions
 -- with work (one lease shared by all of them), queues by priority. Returns
@@ -459,7 +471,13 @@ BEGIN
         lease_seconds := conveyor._int_option(request, 'leaseSeconds', 1, 86400, q.lease_time);
         IF part_name IS NOT NULL THEN
             SELECT * INTO part FROM conveyor.partitions p WHERE p.queue_id = q.id AND p.name = part_name;
-            IF FOUND THEN
+            -- (a partition with nothing new for the group, or leased to another, is not
+            -- locked: a pop that finds nothing stays a read. A cursor being changed is read
+            -- as it was, which at worst sends the pop on to the claim.)
+            IF FOUND AND NOT EXISTS (SELECT FROM conveyor.partition_cursors x
+                                      WHERE x.partition_id = part.id AND x.consumer_group = group_name
+                                        AND CASE WHEN x.lease_id IS NULL THEN NOT x.behind AND part.head <= x.cursor
+                                                 ELSE x.lease_expires_at > clock_timestamp() END) THEN
                 got := got || coalesce(conveyor._partition_claim(q, part, group_name, batch, lease, lease_seconds,
                                                                  worker), '[]');
             END IF;
@@ -524,7 +542,8 @@ BEGIN
                     first_xid := snap_xmin;
                     first_id := 0;
                 END IF;
-                IF (first_xid, first_id) > (g.scanned_xid, g.scanned_id) THEN
+                IF (first_xid, first_id) > (g.scanned_xid, g.scanned_id)
+                   AND conveyor._pushed_between(q.id, g.scanned_xid, g.scanned_id, first_xid, first_id) THEN
                     UPDATE conveyor.consumer_groups x SET scanned_xid = first_xid, scanned_id = first_id
                      WHERE x.queue_id = q.id AND x.name = group_name
                        AND (x.scanned_xid, x.scanned_id) < (first_xid, first_id)
@@ -553,7 +572,8 @@ BEGIN
             EXIT WHEN taken >= max_parts OR jsonb_array_length(got) >= batch OR NOT cut OR page >= 1000;
             page := 1000;
         END LOOP;
-        IF taken = 0 AND NOT skipped THEN
+        IF taken = 0 AND NOT skipped AND (scan_xmin, 0::bigint) > (g.scanned_xid, g.scanned_id)
+           AND conveyor._pushed_between(q.id, g.scanned_xid, g.scanned_id, scan_xmin, 0) THEN
             UPDATE conveyor.consumer_groups x SET scanned_xid = scan_xmin, scanned_id = 0
              WHERE x.queue_id = q.id AND x.name = group_name AND (x.scanned_xid, x.scanned_id) < (scan_xmin, 0);
         END IF;
