@@ -87,7 +87,7 @@ WITH r AS MATERIALIZED (SELECT msg_id FROM pgmq.read(:q, 300, 10)) SELECT count(
     "partitioned": f"""\
 \\set p random(1, {PARTITIONS})
 SELECT jsonb_array_length(conveyor.pqueue_push((SELECT jsonb_agg(jsonb_build_object('queue', :q::text, 'partition', 'p' || :p, 'payload', '{BODY}')) FROM generate_series(1, 10))));
-WITH p AS MATERIALIZED (SELECT conveyor.pqueue_pop(jsonb_build_object('queue', :q::text, 'batch', 10)) AS j) SELECT jsonb_array_length(conveyor.pqueue_ack(coalesce((SELECT jsonb_agg(jsonb_build_object('transactionId', m ->> 'transactionId', 'partitionId', m ->> 'partitionId', 'leaseId', m ->> 'leaseId')) FROM p, jsonb_array_elements(p.j -> 'messages') m), '[]')));
+WITH p AS MATERIALIZED (SELECT conveyor.pqueue_pop(jsonb_build_object('queue', :q::text, 'batch', 10)) AS j) SELECT json_array_length(conveyor.pqueue_ack(coalesce((SELECT jsonb_agg(jsonb_build_object('transactionId', m ->> 'transactionId', 'partitionId', m ->> 'partitionId', 'leaseId', m ->> 'leaseId')) FROM p, json_array_elements(p.j -> 'messages') m), '[]')));
 """,
     "stream": f"""\
 SELECT count(*) FROM conveyor.stream_send_batch(:q, 't', array_fill('{BODY}'::text, ARRAY[10]));

@@ -328,11 +328,18 @@ async def test_the_usual_runs_of_completions_settle_as_the_loop_would(conn):
                   [acks[0], {**acks[1], "transactionId": "nope"}],
                   [acks[0], {**acks[1], "leaseId": str(uuid.uuid4())}],
                   [{**acks[0], "leaseId": str(uuid.uuid4())}, {**acks[1], "leaseId": str(uuid.uuid4())}],
-                  [acks[0], {**acks[1], "consumerGroup": "other"}], [], ["not an object", 1]):
+                  [acks[0], {**acks[1], "consumerGroup": "other"}], [], ["not an object", 1],
+                  # the partition's id written two ways (either names it), or not an id
+                  [acks[0], {**acks[1], "partitionId": acks[1]["partitionId"].upper()}],
+                  [acks[0], {**acks[1], "partitionId": acks[1]["partitionId"].replace("-", "")}],
+                  [{**a, "partitionId": a["partitionId"][:-1] + "-"} for a in acks[:2]]):
         cur = await conn.execute("SELECT conveyor._ack_completions(%s::jsonb, clock_timestamp())",
                                  (json.dumps(batch),))
         assert (await cur.fetchone())[0] == [], batch
-    twice = await pq.ack(conn, [acks[0], acks[0]])  # decided by the loop
+    # as the loop decides them: each form names the partition
+    forms = await pq.ack(conn, [acks[0], {**acks[1], "partitionId": acks[1]["partitionId"].upper()}])
+    assert [(a["success"], a["leaseReleased"]) for a in forms] == [(True, False), (True, False)]
+    twice = await pq.ack(conn, [acks[2], acks[2]])  # decided by the loop
     assert [(a["success"], a["error"]) for a in twice] == [(True, None), (False, "Invalid or expired lease")]
 
 
