@@ -76,6 +76,8 @@ SCRIPTS = {  # name: (messages per call, script)
     "pqueue_push, 10 items (10 of 64 partitions)": (10, PUSH10),
     "pqueue_pop_many 1 + pqueue_ack": (1, POP_ACK.format(n=1)),
     "pqueue_pop_many 10 + pqueue_ack": (10, POP_ACK.format(n=10)),
+    # an idle consumer's poll (its "messages" column counts calls)
+    "pqueue_pop_many 10, nothing waiting": (1, """SELECT conveyor.pqueue_pop_many('[{"queue": "pqe", "batch": 10}]');"""),
     # a pair per transaction of the script (two calls): receive 10, then delete what came
     "message_receive 10 + message_delete": (10, RECEIVE_DELETE),
     "raw UPDATE ... SKIP LOCKED 10 + DELETE": (10, RAW_RECEIVE_DELETE),
@@ -141,6 +143,9 @@ def prepare(database: str, backlog: int, before: Path | None, partitions: int = 
         conn.execute("CREATE INDEX ON bench_raw (vt, id)")
         conn.execute("SELECT conveyor.queue_create('pgb')")
         conn.execute("SELECT conveyor.pqueue_configure('pq')")
+        # a queue that held messages and was drained (an idle consumer's)
+        conn.execute("""SELECT conveyor.pqueue_pop('{"queue": "pqe", "autoAck": true}')
+                          FROM (SELECT conveyor.pqueue_push('[{"queue": "pqe", "payload": 1}]')) x""")
         # the receive scripts' backlogs: enough for --repeat runs of --seconds
         conn.execute("SELECT conveyor.queue_create('pgr')")
         for _ in range(0, backlog, 10_000):  # a send holds at most 10,000
