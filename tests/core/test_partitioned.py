@@ -431,6 +431,7 @@ async def test_a_wildcard_pop_looks_past_a_page_of_partitions_being_claimed(conn
     assert sorted(m["partition"] for m in rest["messages"]) == sorted(parts[:-1])
 
 
+@pytest.mark.own_cluster  # the mark moves only below the oldest transaction running anywhere on the server
 async def test_a_pop_that_finds_nothing_is_a_read(conn):
     """An idle consumer polls: its pops must not write (a transaction id, WAL and a flush at
     commit each). Only the first pop after work was drained moves the group's mark."""

@@ -482,6 +482,7 @@ async def test_a_wildcard_pop_reads_a_page_of_the_partitions_holding_work(conn):
         assert read < 200, f"{read} partitions and cursors read by a pop, with 1,000 partitions holding work"
 
 
+@pytest.mark.own_cluster  # the mark moves only below the oldest transaction running anywhere on the server
 async def test_a_wildcard_pop_does_not_walk_the_partitions_its_group_drained(conn):
     """Partitions pushed by one transaction share its mark, so the group's watermark cannot
     pass the drained ones by transaction id alone, and pops that keep finding work never

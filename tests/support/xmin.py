@@ -1,6 +1,7 @@
 """Waiting for the oldest running transaction to pass a point: the Queen API's pops move
-their group's mark only below it, and the test harness creates databases in the
-background, each a transaction that holds it back for a moment."""
+their group's mark only below it. It is the cluster's: the tests that wait for it run on
+their worker's own cluster (``@pytest.mark.own_cluster``), where no other test's
+transaction holds it back, only the harness's own chores for a moment."""
 
 from __future__ import annotations
 
