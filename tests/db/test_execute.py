@@ -78,6 +78,24 @@ async def test_a_rollback_keeps_the_statements_prepared_in_a_transaction(conn):
     assert found is not None and found[0] == "q1"
 
 
+async def test_a_callers_own_connection_gets_no_prepared_statement(dsn):
+    """A connection psycopg prepares on (a caller's own, sending in its transaction) runs
+    the named queries unnamed, so that its rollbacks cannot take their statements away."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as own:
+        await execute.fetch_all(own, "queue_create", {"name": "q1", "attributes": {}})
+        for _ in range(3):
+            for _ in range(6):  # prepared by psycopg, which then deallocates all at a rollback
+                await own.execute("SELECT 1")
+            with pytest.raises(ZeroDivisionError):
+                async with own.transaction():
+                    await execute.fetch_one(own, "queue_get", {"name": "q1"})
+                    1 / 0  # noqa: B018
+            async with own.transaction():
+                found = await execute.fetch_one(own, "queue_get", {"name": "q1"})
+            assert found is not None and found[0] == "q1"
+        assert await _prepared(own) == set()
+
+
 async def test_a_statement_prepared_by_a_call_that_did_not_record_it_is_used(conn):
     await execute.fetch_all(conn, "queue_create", {"name": "q1", "attributes": {}})
     await execute.fetch_one(conn, "queue_get", {"name": "q1"})  # its first run: the key recorded

@@ -154,7 +154,9 @@ def _rows(res: PGresult, tx: TransformerABC, row: type[Any] | None) -> list[Any]
 # The connections the named queries run on leave preparing to them: psycopg's own (a
 # statement its cursors ran five times) would also, at the connection's next ROLLBACK,
 # drop every prepared statement of the connection (DEALLOCATE ALL), these included, and a
-# named query in a transaction after that would fail (outside one it is made again).
+# named query in a transaction after that would fail (outside one it is made again). A
+# connection that psycopg prepares on (a caller's own, passed to the client's
+# ``send(..., conn=...)`` to send in its transaction) gets no prepared statement of ours.
 CONNECT: dict[str, Any] = {"prepare_threshold": None}
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%|%")
@@ -243,7 +245,7 @@ async def _run(conn: Connection, name: str, params: Mapping[str, Any] | None,
         prepared = conn._conveyor_prepared = _Prepared()  # type: ignore[attr-defined]
     statement = prepared.names.get(key)
     prepare = False
-    if statement is None:
+    if statement is None and conn.prepare_threshold is None:  # (see CONNECT: a caller's own runs unnamed)
         runs = prepared.runs[key] = prepared.runs.get(key, 0) + 1
         if runs >= _PREPARE_AT and len(prepared.names) < _PREPARED_MAX:
             statement = _statement_name(key)
