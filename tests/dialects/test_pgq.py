@@ -241,6 +241,20 @@ def test_batch_cycle(sql):
     assert consumer == ("q", "c", cur_tick, None, None, 0)
 
 
+def test_next_batch_with_nothing_new_is_a_read_as_in_pgq(sql, real_pgq):
+    """An idle consumer's next_batch writes nothing in PgQ (no transaction id): the same
+    here (the stream's consumer recorded its activity at every call before)."""
+    with psycopg.connect(real_pgq, autocommit=True) as real:
+        for conn in (sql, real):
+            queue = unique_name("idle")
+            one(conn, "SELECT pgq.create_queue(%s)", queue)
+            one(conn, "SELECT pgq.register_consumer(%s, 'c')", queue)
+            for _ in range(2):
+                with conn.transaction(force_rollback=True):
+                    assert one(conn, "SELECT pgq.next_batch(%s, 'c')", queue) is None
+                    assert one(conn, "SELECT pg_current_xact_id_if_assigned()") is None, conn.info.dbname
+
+
 def test_a_rolled_back_insert_is_in_no_batch_and_late_commits_are_not_lost(db, sql):
     one(sql, "SELECT pgq.create_queue('q')")
     one(sql, "SELECT pgq.register_consumer('q', 'c')")

@@ -203,15 +203,29 @@ def _consumer_thread(consumer: pgque.Consumer) -> threading.Thread:
     return thread
 
 
-def _polled_since(db: psycopg.Connection, consumer: str, since: datetime) -> Callable[[], bool]:
-    """Whether the consumer has received since then: it LISTENs before its first receive,
-    so from then on a NOTIFY wakes it (one that comes early waits in its connection)."""
-    return lambda: bool(one(db, "SELECT last_batch_start > %s FROM pgque.consumer_stats() WHERE consumer_name = %s",
-                            since, consumer))
+def _named(dsn: str, app: str) -> str:
+    """The DSN with an application name, by which the consumer's connection is found."""
+    return conninfo.make_conninfo(dsn, application_name=app)
 
 
-def _last_seen(db: psycopg.Connection, consumer: str) -> datetime:
-    return one(db, "SELECT last_batch_start FROM pgque.consumer_stats() WHERE consumer_name = %s", consumer)
+def _polled(db: psycopg.Connection, app: str) -> Callable[[], bool]:
+    """Whether the consumer (its connection named ``app``) is past its LISTEN: it LISTENs
+    before its first receive, so from then on a NOTIFY wakes it (one that comes early
+    waits in its connection). An empty poll writes nothing, as PgQ's, so its connection's
+    last statement tells, not the consumer's last_batch_start."""
+    return lambda: bool(one(db, "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = %s "
+                                "AND query <> '' AND query NOT ILIKE 'LISTEN%%'", app))
+
+
+def test_a_receive_with_nothing_new_is_a_read(db):
+    """An idle consumer's receive writes nothing (PgQue's next_batch, PgQ's, writes only
+    when it makes a batch)."""
+    one(db, "SELECT pgque.create_queue('idle')")
+    one(db, "SELECT pgque.subscribe('idle', 'c')")
+    for _ in range(2):
+        with db.transaction(force_rollback=True):
+            assert db.execute("SELECT * FROM pgque.receive('idle', 'c', 10)").fetchall() == []
+            assert one(db, "SELECT pg_current_xact_id_if_assigned()") is None
 
 
 def test_consumer_is_woken_by_the_ticks_notify(db, client, pq_dsn):
@@ -219,12 +233,12 @@ def test_consumer_is_woken_by_the_ticks_notify(db, client, pq_dsn):
     client.subscribe("wake", "svc")
     client.conn.commit()
     got: list[pgque.Message] = []
-    consumer = pgque.Consumer(pq_dsn, queue="wake", name="svc", poll_interval=30, retry_after=0)
+    consumer = pgque.Consumer(_named(pq_dsn, "svc-consumer"), queue="wake", name="svc", poll_interval=30,
+                              retry_after=0)
     consumer.on("greeting")(got.append)
-    since = _last_seen(db, "svc")
     thread = _consumer_thread(consumer)
     try:
-        wait_for(_polled_since(db, "svc", since))
+        wait_for(_polled(db, "svc-consumer"))
         time.sleep(0.3)  # into its 30-second wait
         client.send("wake", {"hello": "world"}, type="greeting")
         client.send("wake", {"no": "handler"}, type="unknown")  # nacked by the consumer: retried
@@ -266,12 +280,12 @@ def test_a_pgque_queue_is_a_conveyor_stream_over_rest(pgque_template):
             assert "pgque-side" in str(consumers)
 
             got: list[pgque.Message] = []
-            consumer = pgque.Consumer(dsn, queue="shared", name="pgque-side", poll_interval=30)
+            consumer = pgque.Consumer(_named(dsn, "pgque-side-consumer"), queue="shared", name="pgque-side",
+                                      poll_interval=30)
             consumer.on("*")(got.append)
-            since = _last_seen(db, "pgque-side")
             thread = _consumer_thread(consumer)
             try:
-                wait_for(_polled_since(db, "pgque-side", since))
+                wait_for(_polled(db, "pgque-side-consumer"))
                 # produced over REST, ticked by the server's ticker, announced on pgque_shared
                 resp = http.post("/v1/streams/shared/events", json={"payload": {"via": "rest"}, "type": "rest.event"})
                 assert resp.status_code == 201, resp.text

@@ -840,6 +840,29 @@ async def test_consumer_stats_lag_pending_and_the_open_batch(conn):
     assert cs["a"].last_seen > cs["b"].last_seen, "receiving and acknowledging count as activity"
 
 
+async def test_a_poll_with_nothing_new_is_a_read(conn):
+    """An idle consumer polls: as PgQ's next_batch, a call that makes no batch writes
+    nothing (it took a transaction id, a WAL record and a flush at commit for active_at);
+    the consumer is active when it takes a batch and when it finishes one."""
+    await streams.create(conn, S)
+    await streams.subscribe(conn, S, "idle")
+    await sql(conn, "SELECT conveyor.stream_send(%s, 'x')", S)
+    await sql(conn, "SELECT conveyor.stream_force_tick(%s)", S)
+    [(before,)] = await sql(conn, "SELECT active_at FROM conveyor.stream_consumers WHERE name = 'idle'")
+    got = await streams.receive(conn, S, "idle")
+    await streams.ack(conn, got[0].batch_id)
+    [(after,)] = await sql(conn, "SELECT active_at FROM conveyor.stream_consumers WHERE name = 'idle'")
+    assert after > before
+    for call in ("SELECT count(*) FROM conveyor.stream_receive(%s, 'idle')",
+                 "SELECT conveyor.stream_next_batch(%s, 'idle')"):
+        async with conn.transaction(force_rollback=True):
+            await sql(conn, call, S)
+            [(xid,)] = await sql(conn, "SELECT pg_current_xact_id_if_assigned()")
+        assert xid is None, call
+    [(still,)] = await sql(conn, "SELECT active_at FROM conveyor.stream_consumers WHERE name = 'idle'")
+    assert still == after
+
+
 async def test_health_reports_each_check_as_ok_warning_or_critical(conn):
     for name in ("fine", "late", "paused", "lagging", "overdue", "dead", "flood"):
         await streams.create(conn, name)

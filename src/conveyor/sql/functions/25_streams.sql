@@ -1198,13 +1198,13 @@ BEGIN
             quote_literal(c.name), quote_literal(s.name)));
     END IF;
     target := conveyor._batch_end(s, c.last_tick, min_lag, min_count, min_interval);
-    UPDATE conveyor.stream_consumers SET active_at = now() WHERE id = c.id;
     IF target.tick_id IS NULL THEN
-        RETURN NULL;
+        RETURN NULL;  -- nothing new: a read, as PgQ's next_batch (an idle consumer's polls write nothing)
     END IF;
     new_batch := nextval('conveyor.stream_batch_seq');
+    -- the consumer is active when it takes a batch and when it finishes one (PgQ's sub_active)
     UPDATE conveyor.stream_consumers
-       SET batch_id = new_batch, next_tick = target.tick_id, batch_started_at = now()
+       SET batch_id = new_batch, next_tick = target.tick_id, batch_started_at = now(), active_at = now()
      WHERE id = c.id;
     RETURN new_batch;
 END $$;
