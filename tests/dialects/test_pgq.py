@@ -241,10 +241,11 @@ def test_batch_cycle(sql):
     assert consumer == ("q", "c", cur_tick, None, None, 0)
 
 
-def test_next_batch_with_nothing_new_is_a_read_as_in_pgq(sql, real_pgq):
+def test_next_batch_with_nothing_new_is_a_read_as_in_pgq(sql, fresh_real_pgq):
     """An idle consumer's next_batch writes nothing in PgQ (no transaction id): the same
-    here (the stream's consumer recorded its activity at every call before)."""
-    with psycopg.connect(real_pgq, autocommit=True) as real:
+    here (the stream's consumer recorded its activity at every call before). (A database
+    of its own: the module's real PgQ is compared queue for queue by other tests.)"""
+    with psycopg.connect(fresh_real_pgq, autocommit=True) as real:
         for conn in (sql, real):
             queue = unique_name("idle")
             one(conn, "SELECT pgq.create_queue(%s)", queue)
