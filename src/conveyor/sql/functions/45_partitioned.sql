@@ -547,14 +547,19 @@ BEGIN
                 END IF;
                 -- (a pop with candidates writes anyway; one without moves the mark only
                 -- over partitions, to stay a read otherwise)
-                IF (first_xid, first_id) > (g.scanned_xid, g.scanned_id)
-                   AND (candidates IS NOT NULL
-                        OR conveyor._pushed_between(q.id, g.scanned_xid, g.scanned_id, first_xid, first_id)) THEN
-                    UPDATE conveyor.consumer_groups x SET scanned_xid = first_xid, scanned_id = first_id
-                     WHERE x.queue_id = q.id AND x.name = group_name
-                       AND (x.scanned_xid, x.scanned_id) < (first_xid, first_id)
-                       AND x.ctid = (SELECT y.ctid FROM conveyor.consumer_groups y
-                                      WHERE y.queue_id = q.id AND y.name = group_name FOR UPDATE SKIP LOCKED);
+                IF (first_xid, first_id) > (g.scanned_xid, g.scanned_id) THEN
+                    IF candidates IS NOT NULL
+                       OR conveyor._pushed_between(q.id, g.scanned_xid, g.scanned_id, first_xid, first_id) THEN
+                        UPDATE conveyor.consumer_groups x SET scanned_xid = first_xid, scanned_id = first_id
+                         WHERE x.queue_id = q.id AND x.name = group_name
+                           AND (x.scanned_xid, x.scanned_id) < (first_xid, first_id)
+                           AND x.ctid = (SELECT y.ctid FROM conveyor.consumer_groups y
+                                          WHERE y.queue_id = q.id AND y.name = group_name FOR UPDATE SKIP LOCKED);
+                    END IF;
+                    -- this pop's walk holds nothing before that key: its own later steps (a
+                    -- second page, the move below) start there, and do not probe it again
+                    g.scanned_xid := first_xid;
+                    g.scanned_id := first_id;
                 END IF;
             END IF;
             FOREACH candidate IN ARRAY coalesce(candidates, '{}') LOOP
