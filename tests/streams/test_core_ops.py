@@ -411,6 +411,32 @@ async def test_next_batch_takes_one_tick_at_a_time_and_returns_the_open_batch_ag
     assert await streams.next_batch(conn, S, "c") is None
 
 
+async def test_two_next_batch_calls_at_once_share_one_batch(conn, dsn):
+    """Two readers of one consumer (without the cooperative API) ask for its next batch at
+    the same moment: the second waits on the first's row and gets the same batch. (PgQ's
+    next_batch overwrites the first batch id with a second over the same range: both
+    callers would read the events, and the first to finish would void the other's.)"""
+    await streams.create(conn, S)
+    await streams.subscribe(conn, S, "c")
+    await send(conn, S, "x")
+    await streams.force_tick(conn, S)
+    async with pool.connect(dsn) as first, pool.connect(dsn) as second:
+        async with first.transaction():
+            taken = await streams.next_batch(first, S, "c")
+            [(pid,)] = await sql(second, "SELECT pg_backend_pid()")
+            waiting = asyncio.create_task(streams.next_batch(second, S, "c"))
+            for _ in range(500):  # until the second call waits on the consumer's row
+                [(blocked,)] = await sql(conn, "SELECT cardinality(pg_blocking_pids(%s)) > 0", pid)
+                if blocked or waiting.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert blocked, "the second call did not wait for the first"
+        assert taken is not None and await waiting == taken
+    assert payloads(await streams.batch_events(conn, taken)) == ["x"]
+    await streams.ack(conn, taken)
+    assert await streams.next_batch(conn, S, "c") is None
+
+
 async def test_finish_batch_moves_the_position_to_the_batch_end(conn):
     await streams.create(conn, S)
     await streams.subscribe(conn, S, "c")

@@ -1202,10 +1202,17 @@ BEGIN
         RETURN NULL;  -- nothing new: a read, as PgQ's next_batch (an idle consumer's polls write nothing)
     END IF;
     new_batch := nextval('conveyor.stream_batch_seq');
-    -- the consumer is active when it takes a batch and when it finishes one (PgQ's sub_active)
+    -- the consumer is active when it takes a batch and when it finishes one (PgQ's sub_active).
+    -- Only while it has none: a concurrent call for the same consumer that took one first
+    -- (its UPDATE holds the row until it commits) wins, and this call returns that batch,
+    -- as it would had it come a moment later. (PgQ's next_batch overwrites it: the two
+    -- callers would read one range under two batch ids, the first of them void.)
     UPDATE conveyor.stream_consumers
        SET batch_id = new_batch, next_tick = target.tick_id, batch_started_at = now(), active_at = now()
-     WHERE id = c.id;
+     WHERE id = c.id AND batch_id IS NULL;
+    IF NOT FOUND THEN
+        SELECT batch_id INTO new_batch FROM conveyor.stream_consumers WHERE id = c.id;
+    END IF;
     RETURN new_batch;
 END $$;
 
