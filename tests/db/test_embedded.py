@@ -9,6 +9,7 @@ whoever owns it, so nothing is left running.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -356,3 +357,35 @@ def test_pgserver_binaries_run_a_cluster(monkeypatch, make):
         shutil.rmtree(data, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_two_databases_of_a_new_cluster_migrate_at_once(data_dir, make):
+    """Roles are the cluster's, outside the database's advisory lock: two servers started
+    together, each on its own database of a new cluster, both create them. The one that
+    commits second lost the race (a unique violation in pg_authid) and failed to start;
+    it migrates again and finds them."""
+    from psycopg import conninfo
+
+    from conveyor.db import migrate, pool
+
+    dsn = make(data_dir).start()
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("CREATE DATABASE first")
+        admin.execute("CREATE DATABASE second")
+    async with await psycopg.AsyncConnection.connect(conninfo.make_conninfo(dsn, dbname="first")) as racer:
+        # the first migration's creation of a role, not committed yet: the second's waits on it
+        await racer.execute("CREATE ROLE conveyor_reader NOLOGIN")
+        async with pool.connect(conninfo.make_conninfo(dsn, dbname="second")) as conn:
+            [(pid,)] = await (await conn.execute("SELECT pg_backend_pid()")).fetchall()
+            second = asyncio.create_task(migrate.migrate(conn))
+            for _ in range(1000):
+                blocked = query(dsn, f"SELECT cardinality(pg_blocking_pids({pid})) > 0")
+                if blocked or second.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert blocked, "the second migration did not wait for the role"
+            await racer.commit()
+            assert [m.label for m in await second] == [m.label for m in migrate.migrations() + migrate.functions()]
+    async with pool.connect(conninfo.make_conninfo(dsn, dbname="first")) as conn:
+        assert await migrate.migrate(conn)
+    assert query(dsn, "SELECT count(*) FROM pg_roles WHERE rolname LIKE 'conveyor\\_%'") == 3

@@ -47,6 +47,8 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any
 
+import psycopg
+
 from conveyor import errors, settings
 from conveyor.db import execute
 from conveyor.settings import DIALECTS
@@ -327,42 +329,75 @@ async def _migrate_dialect(conn: execute.Connection, dialect: str, applied: dict
     return done + await _apply_functions(conn, dialect, functions(dialect), recorded)
 
 
+# Attempts of a migration that lost a race for the cluster's roles (see migrate).
+_ROLE_RACE_ATTEMPTS = 5
+
+
+def _lost_role_race(exc: psycopg.Error) -> bool:
+    """The error of a migration that created or granted a role (cluster-wide, not covered
+    by the database's advisory lock) while another database's migration did the same:
+    a unique violation in a shared catalog, or the role found made meanwhile."""
+    if isinstance(exc, psycopg.errors.UniqueViolation):
+        return exc.diag.schema_name == "pg_catalog"
+    return isinstance(exc, psycopg.errors.DuplicateObject) and "role" in (exc.diag.message_primary or "")
+
+
 async def migrate(conn: execute.Connection, *, accept_checksums: bool = False,
                   dialects: tuple[str, ...] = (),
                   progress: Callable[[Migration], None] | None = None) -> list[Migration]:
     """Apply every migration not yet applied, in one transaction, after checking those
     already applied against this build's (see the module's docstring), then the functions
     files if they differ from the database's: Conveyor's, then those of the dialects asked
-    for and of those installed before. Returns the migrations and functions files applied."""
-    done: list[Migration] = []
+    for and of those installed before. Returns the migrations and functions files applied.
+
+    The advisory lock serialises the migrations of one database. Roles are the cluster's:
+    two databases of a new cluster migrated at once (two servers started together) both
+    create them, and the second to commit fails; its transaction rolled back, it runs
+    again, and finds them."""
     for dialect in dialects:
         migrations(dialect)  # an unknown name is refused before anything runs
     with execute.translated():
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-            await conn.execute(BOOTSTRAP)
-            applied = await _applied(conn)
-            await _check(conn, applied, accept=accept_checksums)
-            for migration in migrations():
-                if migration.version in applied:
-                    continue
-                _refuse_out_of_order(migration, set(applied))
-                await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO conveyor.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                    (migration.version, migration.name, migration.checksum))
-                done.append(migration)
-                if progress is not None:
-                    progress(migration)
-            recorded = (await _functions_recorded(conn)).get("conveyor", {})
-            if _functions_differ(functions(), recorded):
-                _refuse_newer(applied, migrations())
-            done += await _apply_functions(conn, "conveyor", functions(), recorded)
-            installed = await _dialects_applied(conn)
-            for dialect in DIALECTS:
-                if dialect in dialects or dialect in installed:
-                    done += await _migrate_dialect(conn, dialect, installed.get(dialect, {}),
-                                                   accept=accept_checksums)
+        attempt = 1
+        while True:
+            try:
+                return await _migrate_once(conn, accept_checksums, dialects, progress)
+            except psycopg.Error as exc:
+                if attempt == _ROLE_RACE_ATTEMPTS or not _lost_role_race(exc):
+                    raise
+                attempt += 1
+                log.info("another database's migration created Conveyor's roles meanwhile: migrating again (%s)",
+                         exc.diag.message_primary)
+
+
+async def _migrate_once(conn: execute.Connection, accept_checksums: bool, dialects: tuple[str, ...],
+                        progress: Callable[[Migration], None] | None) -> list[Migration]:
+    """One attempt of ``migrate``, in one transaction."""
+    done: list[Migration] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        await conn.execute(BOOTSTRAP)
+        applied = await _applied(conn)
+        await _check(conn, applied, accept=accept_checksums)
+        for migration in migrations():
+            if migration.version in applied:
+                continue
+            _refuse_out_of_order(migration, set(applied))
+            await conn.execute(migration.sql)
+            await conn.execute(
+                "INSERT INTO conveyor.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                (migration.version, migration.name, migration.checksum))
+            done.append(migration)
+            if progress is not None:
+                progress(migration)
+        recorded = (await _functions_recorded(conn)).get("conveyor", {})
+        if _functions_differ(functions(), recorded):
+            _refuse_newer(applied, migrations())
+        done += await _apply_functions(conn, "conveyor", functions(), recorded)
+        installed = await _dialects_applied(conn)
+        for dialect in DIALECTS:
+            if dialect in dialects or dialect in installed:
+                done += await _migrate_dialect(conn, dialect, installed.get(dialect, {}),
+                                               accept=accept_checksums)
     return done
 
 
