@@ -28,18 +28,14 @@ def embedded_cluster(settings: Settings) -> embedded.EmbeddedPostgres:
 
 
 @contextlib.contextmanager
-def database_url(settings: Settings, *, local: bool = False) -> Iterator[str]:
-    """The DSN to use, running the embedded cluster for the duration if needed. With
-    ``local`` (a process on the cluster's host that only connects with libpq, as the
-    server), the embedded cluster's is over its Unix socket."""
+def database_url(settings: Settings) -> Iterator[str]:
+    """The DSN to use, running the embedded cluster for the duration if needed."""
     if settings.database_url:
         yield settings.database_url
         return
     try:
         cluster = embedded_cluster(settings)
         dsn = cluster.start()
-        if local:
-            dsn = cluster.socket_dsn
     except embedded.EmbeddedError as exc:
         raise click.ClickException(str(exc)) from None
     try:

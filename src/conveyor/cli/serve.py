@@ -51,7 +51,7 @@ def serve(obj, host, port, queen_port, hq_port, workers, auth_mode, fusion, migr
     except run.BindError as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        with context.database_url(settings, local=True) as dsn:
+        with context.database_url(settings) as dsn:
             context.reach(dsn, log, settings.database_wait)
             where = "DATABASE_URL" if settings.database_url else "the embedded cluster"
             log.info("conveyor serving on http://%s:%s (database: %s; %d worker%s)", settings.host, settings.port,

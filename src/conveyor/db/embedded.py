@@ -386,16 +386,6 @@ class EmbeddedPostgres:
         quoted = urllib.parse.quote(password, safe="")
         return f"postgresql://{ROLE}:{quoted}@{HOST}:{port}/{DATABASE}"
 
-    @property
-    def socket_dsn(self) -> str:
-        """:attr:`dsn` over the cluster's Unix socket: what ``conveyor serve`` connects
-        with, on the same host by construction. A SQL call over loopback TCP costs more
-        CPU (the kernel runs the receiving side in the sender's system call); JDBC (Spark)
-        has no Unix sockets, so :attr:`dsn` stays the URL to hand out."""
-        tcp = urllib.parse.urlsplit(self.dsn)
-        query = urllib.parse.urlencode({"host": str(self.socket_dir), "port": tcp.port})
-        return f"postgresql://{tcp.username}:{tcp.password}@/{DATABASE}?{query}"
-
     # ------------------------------------------------------------- lifecycle
 
     def start(self) -> str:
