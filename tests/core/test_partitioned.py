@@ -466,6 +466,30 @@ async def test_a_pop_that_finds_nothing_is_a_read(conn):
     assert await xid_of(new_group) is None  # its first pop moved its mark past what it read
 
 
+async def test_a_lazy_pop_that_only_leases_commits_without_waiting_for_the_flush(conn):
+    """The server's pops (pop_many with lazy): a pop that only leases leaves its commit
+    asynchronous (lost in a crash, its messages are delivered again, as after a lease's
+    expiry); one that acknowledges (autoAck) or registers a group does not, nor does a
+    call without lazy, nor the statements after a lazy call's commit."""
+    for partition in ("p1", "p2", "p3"):
+        await pq.push(conn, _items("lazy", partition, "a"))
+    await pq.pop_many(conn, [{"queue": "lazy"}, {"queue": "lazy", "consumerGroup": "known"}])  # registers both
+
+    async def commit_of(requests: list[dict], lazy: bool = True) -> str:
+        async with conn.transaction(force_rollback=True):
+            answers = await pq.pop_many(conn, requests, lazy=lazy)
+            assert all(len(a["messages"]) == 1 for a in answers), answers
+            return (await (await conn.execute("SHOW synchronous_commit")).fetchone())[0]
+
+    leases = [{"queue": "lazy"}, {"queue": "lazy", "consumerGroup": "known"}]
+    assert await commit_of(leases) == "off"
+    assert await commit_of(leases, lazy=False) == "on"
+    assert await commit_of([*leases, {"queue": "lazy", "consumerGroup": "auto", "autoAck": True}]) == "on"
+    assert await commit_of([*leases[:1], {"queue": "lazy", "consumerGroup": "newcomer"}]) == "on"
+    await pq.pop_many(conn, leases, lazy=True)  # committed (autocommit): the setting went with it
+    assert (await (await conn.execute("SHOW synchronous_commit")).fetchone())[0] == "on"
+
+
 async def test_priority_orders_queues_of_a_namespace(conn):
     await pq.configure(conn, "low", {"priority": 1}, namespace="billing")
     await pq.configure(conn, "high", {"priority": 9}, namespace="billing")

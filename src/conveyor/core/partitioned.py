@@ -74,9 +74,12 @@ async def pop(conn: Connection, request: Json) -> Json:
     return await db.fetch_scalar(conn, "pqueue_pop", {"request": db.jsonb(dict(request))}, dict)
 
 
-async def pop_many(conn: Connection, requests: Sequence[Json]) -> list[Json]:
-    """Several pops in one call (fusion); one answer each, in order."""
-    return await db.fetch_scalar(conn, "pqueue_pop_many", {"requests": db.jsonb(list(requests))}, list)
+async def pop_many(conn: Connection, requests: Sequence[Json], *, lazy: bool = False) -> list[Json]:
+    """Several pops in one call (fusion); one answer each, in order. ``lazy``: the call is
+    its own transaction (``conn`` in autocommit), whose pops that only lease commit without
+    waiting for the WAL flush (``conveyor.pqueue_pop_many``; docs/architecture.md,
+    "Durability of a pop")."""
+    return await db.fetch_scalar(conn, "pqueue_pop_many", {"requests": db.jsonb(list(requests)), "lazy": lazy}, list)
 
 
 async def ack(conn: Connection, acks: Sequence[Json], *, strict: bool = False) -> list[Json]:

@@ -214,12 +214,12 @@ class PartitionedBroker(Base):
     async def _pq_pop_db(self, request: dict[str, Any]) -> dict[str, Any]:
         if self._pop_lane is not None:
             return await self._fused(self._pop_lane, None, request)
-        async with self.database.connection() as conn:
-            return await partitioned.pop(conn, request)
+        [got] = await self._pq_pop_fused(None, [request])
+        return got
 
     async def _pq_pop_fused(self, _key: None, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        async with self.database.connection() as conn:
-            return await partitioned.pop_many(conn, requests)
+        async with self.database.connection() as conn:  # autocommit: the call is its own transaction
+            return await partitioned.pop_many(conn, requests, lazy=True)
 
     async def _pq_names(self, request: dict[str, Any]) -> list[str]:
         """The queues a pop reads: the one it names, or those of its namespace/task."""

@@ -393,6 +393,8 @@ BEGIN
     END IF;
     INSERT INTO conveyor.consumer_groups AS x (queue_id, name, mode, start_at) VALUES (q.id, group_name, mode, start_at)
     ON CONFLICT (queue_id, name) DO NOTHING;
+    -- this transaction flushes at commit whatever it is (a lazy pop_many reads this)
+    PERFORM set_config('conveyor.group_registered', 'on', true);
     SELECT * INTO g FROM conveyor.consumer_groups x WHERE x.queue_id = q.id AND x.name = group_name;
     RETURN g;
 END $$;
@@ -635,7 +637,16 @@ ALTER FUNCTION conveyor.pqueue_pop(jsonb) SET enable_bitmapscan = off;
 -- one after the other in one transaction, so no two of them get the same partition.
 -- plpgsql, not LANGUAGE sql: a SQL function with SET clauses is never inlined, and its
 -- statement was planned again on every call (migration 0025's lesson).
-CREATE OR REPLACE FUNCTION conveyor.pqueue_pop_many(requests jsonb) RETURNS json
+--
+-- lazy: the caller commits this call on its own (the server: one statement, autocommit),
+-- and its pops may commit without waiting for their WAL to reach the disk. A pop's writes
+-- are a lease, a mark and fresh cursors (placed from the group's start, so made again the
+-- same): lost in a crash, the messages are delivered again, as when a lease expires, and
+-- an ack flushes every earlier record with its own. Not when a pop acknowledges (autoAck:
+-- delivered is done) or registers a group (its start, 'now', would be a later instant
+-- after a crash): those flush at commit as everything else does (docs/architecture.md,
+-- "Durability of a pop").
+CREATE OR REPLACE FUNCTION conveyor.pqueue_pop_many(requests jsonb, lazy boolean DEFAULT false) RETURNS json
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
 DECLARE
     request jsonb;
@@ -646,11 +657,16 @@ BEGIN
     END IF;
     FOR request IN SELECT r FROM jsonb_array_elements(requests) r LOOP
         answers := answers || conveyor.pqueue_pop(request);
+        lazy := lazy AND coalesce(request ->> 'autoAck', 'false') <> 'true';
     END LOOP;
+    -- (transaction-local: it outlives this function's own settings, not the commit)
+    IF lazy AND coalesce(current_setting('conveyor.group_registered', true), '') <> 'on' THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     RETURN array_to_json(answers);
 END $$;
 
-ALTER FUNCTION conveyor.pqueue_pop_many(jsonb) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION conveyor.pqueue_pop_many(jsonb, boolean) SET plan_cache_mode = force_generic_plan;
 
 -- Marks one message done for a group: the cursor moves over every done message
 -- directly after it. Caller holds the cursor row.
@@ -1531,7 +1547,7 @@ DO $$
 BEGIN
     GRANT EXECUTE ON FUNCTION conveyor.pqueue_transaction(jsonb, jsonb),
                               conveyor.pqueue_create_missing(text[], integer, integer),
-                              conveyor.pqueue_pop(jsonb), conveyor.pqueue_pop_many(jsonb),
+                              conveyor.pqueue_pop(jsonb), conveyor.pqueue_pop_many(jsonb, boolean),
                               conveyor.pqueue_ack(jsonb, boolean)
         TO conveyor_writer;
 EXCEPTION WHEN undefined_object THEN

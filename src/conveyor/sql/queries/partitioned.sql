@@ -37,7 +37,7 @@ SELECT conveyor.pqueue_push(%(items)s::jsonb)
 SELECT conveyor.pqueue_pop(%(request)s::jsonb)
 
 -- name: pqueue_pop_many
-SELECT conveyor.pqueue_pop_many(%(requests)s::jsonb)
+SELECT conveyor.pqueue_pop_many(%(requests)s::jsonb, %(lazy)s::boolean)
 
 -- name: pqueue_ack
 SELECT conveyor.pqueue_ack(%(acks)s::jsonb, %(strict)s::boolean)
