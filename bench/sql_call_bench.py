@@ -59,7 +59,7 @@ SELECT conveyor.pqueue_ack(coalesce((SELECT jsonb_agg(jsonb_build_object(
            'leaseId', m ->> 'leaseId', 'status', 'completed'))
       FROM jsonb_array_elements(:got::jsonb) m), '[]'), false);"""
 RECEIVE_DELETE = """SELECT array_agg(id)::text AS ids, array_agg(receive_count)::text AS rcs
-  FROM conveyor.message_receive('pgr', 30, 10) \\gset
+  FROM conveyor.message_receive{lazy}('pgr', 30, 10) \\gset
 SELECT count(*) FROM conveyor.message_delete('pgr', :ids::bigint[], :rcs::integer[]);"""
 RAW_RECEIVE_DELETE = """WITH c AS (
     UPDATE bench_raw SET vt = now() + interval '30 seconds', receive_count = receive_count + 1
@@ -77,14 +77,15 @@ SCRIPTS = {  # name: (messages per call, script)
     "pqueue_push, 10 items (10 of 64 partitions)": (10, PUSH10),
     "pqueue_pop_many 1 + pqueue_ack": (1, POP_ACK.format(n=1, lazy="")),
     "pqueue_pop_many 10 + pqueue_ack": (10, POP_ACK.format(n=10, lazy="")),
-    # as the server pops (lazy: a tree before 0030 has no such function; leave these out
-    # of --before runs against one with --only)
+    # as the server pops and receives (lazy: a tree before 0030 has no such function;
+    # leave these out of --before runs against one with --only)
     "pqueue_pop_many 1 lazy + pqueue_ack": (1, POP_ACK.format(n=1, lazy=", true")),
     "pqueue_pop_many 10 lazy + pqueue_ack": (10, POP_ACK.format(n=10, lazy=", true")),
     # an idle consumer's poll (its "messages" column counts calls)
     "pqueue_pop_many 10, nothing waiting": (1, """SELECT conveyor.pqueue_pop_many('[{"queue": "pqe", "batch": 10}]');"""),
     # a pair per transaction of the script (two calls): receive 10, then delete what came
-    "message_receive 10 + message_delete": (10, RECEIVE_DELETE),
+    "message_receive 10 + message_delete": (10, RECEIVE_DELETE.format(lazy="")),
+    "message_receive 10 lazy + message_delete": (10, RECEIVE_DELETE.format(lazy="_lazy")),
     "raw UPDATE ... SKIP LOCKED 10 + DELETE": (10, RAW_RECEIVE_DELETE),
 }
 

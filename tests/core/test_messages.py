@@ -34,6 +34,28 @@ async def test_send_receive_delete(conn):
     assert await messages.delete(conn, "jobs", [mid]) == []
 
 
+async def test_a_lazy_receive_from_a_standard_queue_commits_without_waiting_for_the_flush(conn):
+    """The server's receives (lazy): a claim on a standard queue leaves its commit
+    asynchronous (lost in a crash, the messages are visible again, as when their timeout
+    ends); a FIFO queue's claim (it holds the group for one consumer) does not, nor does a
+    call without lazy, nor the statements after a lazy call's commit."""
+    await queues.create(conn, "plain")
+    await queues.create(conn, "ordered.fifo", {"fifo": True})
+    await messages.send_batch(conn, "plain", [M(str(i)) for i in range(4)])
+    await messages.send_batch(conn, "ordered.fifo", [M(str(i), group_id=f"g{i}", dedup_id=str(i)) for i in range(4)])
+
+    async def commit_of(queue: str, lazy: bool = True) -> str:
+        async with conn.transaction(force_rollback=True):
+            assert len(await messages.receive(conn, queue, qty=2, lazy=lazy)) == 2
+            return (await (await conn.execute("SHOW synchronous_commit")).fetchone())[0]
+
+    assert await commit_of("plain") == "off"
+    assert await commit_of("plain", lazy=False) == "on"
+    assert await commit_of("ordered.fifo") == "on"
+    assert len(await messages.receive(conn, "plain", lazy=True)) == 1  # committed: the setting went with it
+    assert (await (await conn.execute("SHOW synchronous_commit")).fetchone())[0] == "on"
+
+
 async def test_acknowledgements_by_delivery(conn):
     """The SQL API's receipt-checked forms: only the receive count a consumer got acts, so a
     late consumer cannot acknowledge the delivery of the one that received the message after it."""

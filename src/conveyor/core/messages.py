@@ -34,10 +34,18 @@ async def send_batch(conn: Connection, queue: str, messages: Sequence[types.Outg
 
 
 async def receive(conn: Connection, queue: str, qty: int = 1, vt: int | None = None,
-                  wait: int = 0) -> list[types.Message]:
+                  wait: int = 0, *, lazy: bool = False) -> list[types.Message]:
     """Claim up to ``qty`` visible messages, in the order the SQL API returns them (by id;
     a FIFO queue's group by group, each group in order, as SQS answers). ``wait`` > 0 polls
-    inside the database; the server never does that (see ``conveyor.server.waiters``)."""
+    inside the database; the server never does that (see ``conveyor.server.waiters``).
+    ``lazy`` (no ``wait``): the call is its own transaction (``conn`` in autocommit), whose
+    claim on a standard queue commits without waiting for the WAL flush
+    (``conveyor.message_receive_lazy``; docs/architecture.md, "Durability of a receive")."""
+    if lazy:
+        if wait:
+            raise ValueError("a lazy receive does not wait in the database")
+        return await db.fetch_all(conn, "message_receive_lazy", {"queue": queue, "vt": vt, "qty": qty},
+                                  row=types.Message)
     return await db.fetch_all(conn, "message_receive",
                               {"queue": queue, "vt": vt, "qty": qty, "wait": wait}, row=types.Message)
 

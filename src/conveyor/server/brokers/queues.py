@@ -184,8 +184,8 @@ class QueueBroker(Base):
                 ask = messages.receive_attempt(conn, queue, attempt_id, qty=qty, vt=vt)
             elif grouped:
                 ask = messages.receive_grouped(conn, queue, qty=qty, vt=vt)
-            else:
-                ask = messages.receive(conn, queue, qty=qty, vt=vt)
+            else:  # (autocommit: the call is its own transaction)
+                ask = messages.receive(conn, queue, qty=qty, vt=vt, lazy=True)
             got = await self._timed(self.metrics.receive_duration, queue, ask)
         self.metrics.record_received(queue, got)
         return self.sealing.opened(got)

@@ -119,6 +119,26 @@ END $$;
 -- generic plans (migration 0014; see _message_plans)
 ALTER FUNCTION conveyor.message_receive(text,integer,integer,integer,integer) SET plan_cache_mode = force_generic_plan;
 
+-- message_receive for a call that is its own transaction (the server's receives, one
+-- statement in autocommit): a claim on a standard queue commits without waiting for its
+-- WAL to reach the disk. Lost in a crash, the claim (visibility, receive count) is undone:
+-- the messages are visible again, as when their visibility timeout ends, and the next
+-- durable commit (a delete) flushes every earlier record with its own. A FIFO queue's
+-- claim flushes: it holds the group for one consumer (docs/architecture.md, "Durability of
+-- a receive"). Never polls: the server waits with LISTEN.
+CREATE OR REPLACE FUNCTION conveyor.message_receive_lazy(queue_name text, vt integer DEFAULT NULL, qty integer DEFAULT 1)
+RETURNS SETOF conveyor.messages
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, conveyor AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM conveyor.message_receive(queue_name, vt, qty);
+    IF FOUND AND NOT (conveyor._queue(queue_name)).fifo THEN
+        -- (transaction-local: it outlives this function's own settings, not the commit)
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+END $$;
+
+ALTER FUNCTION conveyor.message_receive_lazy(text,integer,integer) SET plan_cache_mode = force_generic_plan;
+
 -- Looks at messages without claiming them, in id order, whatever their visibility.
 CREATE OR REPLACE FUNCTION conveyor.message_peek(queue_name text, qty integer DEFAULT 10, after_id bigint DEFAULT 0)
 RETURNS SETOF conveyor.messages
@@ -957,7 +977,9 @@ $$;
 
 DO $$
 BEGIN
-    GRANT EXECUTE ON FUNCTION conveyor.message_delete_in_flight(text, bigint[], integer[]) TO conveyor_writer;
+    GRANT EXECUTE ON FUNCTION conveyor.message_delete_in_flight(text, bigint[], integer[]),
+                              conveyor.message_receive_lazy(text, integer, integer)
+        TO conveyor_writer;
 EXCEPTION WHEN undefined_object THEN
     RAISE WARNING 'conveyor: roles missing, grants skipped (%)', SQLERRM;
 END $$;

@@ -11,6 +11,9 @@ SELECT id, message_uuid FROM conveyor.message_send_json(%(queue)s::text, %(messa
 SELECT * FROM conveyor.message_receive(%(queue)s::text, %(vt)s::integer, %(qty)s::integer,
                                        %(wait)s::integer)
 
+-- name: message_receive_lazy
+SELECT * FROM conveyor.message_receive_lazy(%(queue)s::text, %(vt)s::integer, %(qty)s::integer)
+
 -- name: message_receive_fifo
 SELECT * FROM conveyor.message_receive_fifo(%(queue)s::text, %(vt)s::integer, %(qty)s::integer)
 
