@@ -58,6 +58,15 @@ SELECT conveyor.pqueue_ack(coalesce((SELECT jsonb_agg(jsonb_build_object(
            'transactionId', m ->> 'transactionId', 'partitionId', m ->> 'partitionId',
            'leaseId', m ->> 'leaseId', 'status', 'completed'))
       FROM jsonb_array_elements(:got::jsonb) m), '[]'), false);"""
+# three pops of one in one call, then one ack of what they got: the server's calls at 8
+# clients, where request fusion puts ~2-3 pops in a pqueue_pop_many and their acks in one
+# pqueue_ack
+POP3_ACK = """SELECT conveyor.pqueue_pop_many('[{"queue": "pqr", "batch": 1}, {"queue": "pqr", "batch": 1},
+                                         {"queue": "pqr", "batch": 1}]', true) AS got \\gset
+SELECT conveyor.pqueue_ack(coalesce((SELECT jsonb_agg(jsonb_build_object(
+           'transactionId', m ->> 'transactionId', 'partitionId', m ->> 'partitionId',
+           'leaseId', m ->> 'leaseId', 'status', 'completed'))
+      FROM jsonb_array_elements(:got::jsonb) r, jsonb_array_elements(r -> 'messages') m), '[]'), false);"""
 RECEIVE_DELETE = """SELECT array_agg(id)::text AS ids, array_agg(receive_count)::text AS rcs
   FROM conveyor.message_receive{lazy}('pgr', 30, 10) \\gset
 SELECT count(*) FROM conveyor.message_delete('pgr', :ids::bigint[], :rcs::integer[]);"""
@@ -81,6 +90,7 @@ SCRIPTS = {  # name: (messages per call, script)
     # leave these out of --before runs against one with --only)
     "pqueue_pop_many 1 lazy + pqueue_ack": (1, POP_ACK.format(n=1, lazy=", true")),
     "pqueue_pop_many 10 lazy + pqueue_ack": (10, POP_ACK.format(n=10, lazy=", true")),
+    "pqueue_pop_many 3 pops of 1 lazy + one pqueue_ack of the 3": (3, POP3_ACK),
     # an idle consumer's poll (its "messages" column counts calls)
     "pqueue_pop_many 10, nothing waiting": (1, """SELECT conveyor.pqueue_pop_many('[{"queue": "pqe", "batch": 10}]');"""),
     # a pair per transaction of the script (two calls): receive 10, then delete what came

@@ -431,6 +431,68 @@ async def test_a_wildcard_pop_looks_past_a_page_of_partitions_being_claimed(conn
     assert sorted(m["partition"] for m in rest["messages"]) == sorted(parts[:-1])
 
 
+async def test_the_pops_of_one_call_share_the_first_ones_candidates(conn):
+    """The pops of one pop_many call on one queue and group: each after the first starts
+    with the candidates the one before listed and did not try. They get distinct
+    partitions, each under its own lease; a pop wanting more than those candidates hold
+    reads the rest afresh; a pop of another group or queue reads its own."""
+    parts = [f"p{k:02}" for k in range(20)]
+    await pq.push(conn, [i for p in parts for i in _items("shared", p, f"{p}-1")])
+    await pq.push(conn, _items("other", "x", "x-1"))
+    await conn.commit()
+    answers = await pq.pop_many(conn, [
+        {"queue": "shared"}, {"queue": "shared"},
+        {"queue": "shared", "consumerGroup": "g"},  # another group: its own candidates
+        {"queue": "other"},  # another queue
+        {"queue": "shared", "batch": 30, "maxPartitions": 30},  # more than carried (14): reads afresh
+        {"queue": "shared"}])  # nothing left for the group
+    got = [[m["partition"] for m in a["messages"]] for a in answers]
+    assert got[0] == ["p00"] and got[1] == ["p01"]  # oldest push first, as a pop reads them
+    assert got[2] == ["p00"] and got[3] == ["x"]
+    assert sorted(got[4]) == parts[2:] and got[5] == []
+    leases = [a["leaseId"] for a in answers[:5]]
+    assert len(set(leases)) == 5 and answers[5]["leaseId"] is None
+    for a in answers[:5]:
+        assert {m["leaseId"] for m in a["messages"]} == {a["leaseId"]}
+
+    # the candidates are read once per call: a page of them looks up 16 cursors
+    await pq.push(conn, [i for p in parts for i in _items("shared", p, f"{p}-2")])
+    await pq.ack(conn, [a for answer in answers for a in _acks(answer)])
+    await conn.commit()
+
+    async def cursor_lookups(pops: int) -> int:
+        # (the backend's counts, which it sends out only between transactions)
+        scans = "SELECT idx_scan FROM pg_stat_xact_user_tables WHERE relid = 'conveyor.partition_cursors'::regclass"
+        async with conn.transaction(force_rollback=True):
+            before = (await (await conn.execute(scans)).fetchone())[0]
+            answers = await pq.pop_many(conn, [{"queue": "shared"}] * pops)
+            assert len({a["messages"][0]["partition"] for a in answers}) == pops
+            return (await (await conn.execute(scans)).fetchone())[0] - before
+
+    one, three = await cursor_lookups(1), await cursor_lookups(3)
+    assert one >= 16 and three < one + 16, (one, three)
+
+
+async def test_a_carried_candidate_taken_meanwhile_is_passed_over(conn, dsn):
+    """A carried candidate is looked at again when it is tried: one that another
+    consumer leased since it was listed gives nothing, and the pop goes on to the rest."""
+    await pq.push(conn, [i for p in ("a", "b", "c") for i in _items("carried", p, f"{p}-1")])
+    await conn.commit()
+    ids = dict(await (await conn.execute(
+        "SELECT p.name, p.id FROM conveyor.partitions p JOIN conveyor.pqueues q ON q.id = p.queue_id "
+        "WHERE q.name = 'carried'")).fetchall())
+    await conn.commit()
+    async with pool.connect(dsn) as other:
+        taken = await pq.pop(other, {"queue": "carried", "partition": "a"})
+        await other.commit()
+        assert [m["partition"] for m in taken["messages"]] == ["a"]
+    answer, left = await (await conn.execute(
+        "SELECT answer, left_over FROM conveyor._pqueue_pop(%s, %s)",
+        (json.dumps({"queue": "carried"}), [ids["a"], ids["b"], ids["c"]]))).fetchone()
+    assert [m["partition"] for m in answer["messages"]] == ["b"]
+    assert left == [ids["c"]]  # what the next pop of the call would start with
+
+
 @pytest.mark.own_cluster  # the mark moves only below the oldest transaction running anywhere on the server
 async def test_a_pop_that_finds_nothing_is_a_read(conn):
     """An idle consumer polls: its pops must not write (a transaction id, WAL and a flush at
