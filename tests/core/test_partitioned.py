@@ -475,7 +475,8 @@ async def test_the_pops_of_one_call_share_the_first_ones_candidates(conn):
 
 async def test_a_carried_candidate_taken_meanwhile_is_passed_over(conn, dsn):
     """A carried candidate is looked at again when it is tried: one that another
-    consumer leased since it was listed gives nothing, and the pop goes on to the rest."""
+    consumer leased since it was listed, or that is gone, gives nothing, and the pop goes
+    on to the rest."""
     await pq.push(conn, [i for p in ("a", "b", "c") for i in _items("carried", p, f"{p}-1")])
     await conn.commit()
     ids = dict(await (await conn.execute(
@@ -488,7 +489,7 @@ async def test_a_carried_candidate_taken_meanwhile_is_passed_over(conn, dsn):
         assert [m["partition"] for m in taken["messages"]] == ["a"]
     answer, left = await (await conn.execute(
         "SELECT answer, left_over FROM conveyor._pqueue_pop(%s, %s)",
-        (json.dumps({"queue": "carried"}), [ids["a"], ids["b"], ids["c"]]))).fetchone()
+        (json.dumps({"queue": "carried"}), [ids["a"], -1, ids["b"], ids["c"]]))).fetchone()
     assert [m["partition"] for m in answer["messages"]] == ["b"]
     assert left == [ids["c"]]  # what the next pop of the call would start with
 

@@ -612,6 +612,7 @@ BEGIN
                     CONTINUE;
                 END IF;
                 SELECT * INTO part FROM conveyor.partitions p WHERE p.id = candidate;
+                CONTINUE WHEN NOT FOUND;  -- (dropped since it was listed)
                 one := conveyor._partition_claim(q, part, group_name, batch - cardinality(got), lease,
                                                  lease_seconds, worker);
                 IF one IS NULL THEN
