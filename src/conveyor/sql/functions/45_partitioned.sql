@@ -523,82 +523,84 @@ BEGIN
         -- looked at: the group's watermark moves to the newest of them, so a push that
         -- lands behind many partitions of one big transaction is still found.
         LOOP
-          IF NOT carrying THEN
-            -- One pass over the three sources, in the walk's order (their union sorted;
-            -- an aggregate over it keeps that order): the candidates (a partition both
-            -- pushed to and held back comes twice, side by side; the loop tries it once),
-            -- whether a source filled its page (there may be more: cut), and the first
-            -- partition pushed to. One aggregate rather than a subquery per figure: each
-            -- plan node is set up again at every call (measured, executor start-up was a
-            -- sixth of a pop's CPU).
-            SELECT array_agg(c.id),
-                   count(*) FILTER (WHERE c.src = 0) >= page OR count(*) FILTER (WHERE c.src = 1) >= page
-                       OR count(*) FILTER (WHERE c.src = 2) >= page,
-                   CASE WHEN count(*) FILTER (WHERE c.src = 0) >= page THEN max(c.head_xid) FILTER (WHERE c.src = 0)
-                        ELSE snap_xmin END,
-                   (array_agg(c.head_xid) FILTER (WHERE c.src = 0))[1],
-                   (array_agg(c.id) FILTER (WHERE c.src = 0))[1]
-              FROM (SELECT u.* FROM (
-                -- partitions pushed to since the group's mark that hold work for it and no
-                -- live lease, oldest push first (their index's order: the scan stops at the
-                -- page's end). A lookup per partition of the range, not a join the planner
-                -- could turn into a scan of every cursor of every group (OFFSET 0 keeps it
-                -- apart).
-                (SELECT 0 AS src, p.id, p.head_xid
-                   FROM conveyor.partitions p
-                   LEFT JOIN LATERAL (SELECT x.cursor, x.lease_id, x.lease_expires_at FROM conveyor.partition_cursors x
-                                       WHERE x.partition_id = p.id AND x.consumer_group = group_name OFFSET 0) x ON true
-                  WHERE p.queue_id = q.id AND (p.head_xid, p.id) >= (g.scanned_xid, g.scanned_id)
-                    AND p.head > coalesce(x.cursor, 0)
-                    AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts) AND p.id <> ALL (tried)
-                  ORDER BY p.head_xid, p.id LIMIT page)
-                UNION ALL
-                -- partitions the group left behind (each cursor's partition looked up by
-                -- its key, for the same reason)
-                (SELECT 1, x.partition_id, p.head_xid FROM conveyor.partition_cursors x
-                   CROSS JOIN LATERAL (SELECT p.head, p.head_xid FROM conveyor.partitions p
-                                        WHERE p.id = x.partition_id OFFSET 0) p
-                  WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.behind AND p.head > x.cursor
-                    AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts) AND x.partition_id <> ALL (tried)
-                  LIMIT page)
-                UNION ALL
-                -- and those whose lease expired
-                (SELECT 2, x.partition_id, p.head_xid FROM conveyor.partition_cursors x
-                   CROSS JOIN LATERAL (SELECT p.head, p.head_xid FROM conveyor.partitions p
-                                        WHERE p.id = x.partition_id OFFSET 0) p
-                  WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.lease_id IS NOT NULL
-                    AND x.lease_expires_at <= scan_ts AND p.head > x.cursor AND x.partition_id <> ALL (tried)
-                  ORDER BY x.lease_expires_at LIMIT page)) u
-                ORDER BY u.head_xid, u.id, u.src) c
-              INTO candidates, cut, scan_xmin, first_xid, first_id;
-            IF cardinality(tried) = 0 THEN
-                -- Every partition the walk passed before its first with work (or, if it
-                -- found none, every one it passed) was drained or held under a lease (its
-                -- end is found through the cursor): the mark moves up to it, capped at the
-                -- oldest transaction still running, so no push it passes is still to
-                -- commit. By the pop that can lock the group's row: the others go on.
-                IF first_xid IS NULL OR first_xid >= snap_xmin THEN
-                    first_xid := snap_xmin;
-                    first_id := 0;
-                END IF;
-                -- (a pop with candidates writes anyway; one without moves the mark only
-                -- over partitions, to stay a read otherwise)
-                IF (first_xid, first_id) > (g.scanned_xid, g.scanned_id) THEN
-                    IF candidates IS NOT NULL
-                       OR conveyor._pushed_between(q.id, g.scanned_xid, g.scanned_id, first_xid, first_id) THEN
-                        UPDATE conveyor.consumer_groups x SET scanned_xid = first_xid, scanned_id = first_id
-                         WHERE x.queue_id = q.id AND x.name = group_name
-                           AND (x.scanned_xid, x.scanned_id) < (first_xid, first_id)
-                           AND x.ctid = (SELECT y.ctid FROM conveyor.consumer_groups y
-                                          WHERE y.queue_id = q.id AND y.name = group_name FOR UPDATE SKIP LOCKED);
+            IF NOT carrying THEN
+                -- One pass over the three sources, in the walk's order (their union sorted;
+                -- an aggregate over it keeps that order): the candidates (a partition both
+                -- pushed to and held back comes twice, side by side; the loop tries it once),
+                -- whether a source filled its page (there may be more: cut), and the first
+                -- partition pushed to. One aggregate rather than a subquery per figure: each
+                -- plan node is set up again at every call (measured, executor start-up was a
+                -- sixth of a pop's CPU).
+                SELECT array_agg(c.id),
+                       count(*) FILTER (WHERE c.src = 0) >= page OR count(*) FILTER (WHERE c.src = 1) >= page
+                           OR count(*) FILTER (WHERE c.src = 2) >= page,
+                       CASE WHEN count(*) FILTER (WHERE c.src = 0) >= page THEN max(c.head_xid) FILTER (WHERE c.src = 0)
+                            ELSE snap_xmin END,
+                       (array_agg(c.head_xid) FILTER (WHERE c.src = 0))[1],
+                       (array_agg(c.id) FILTER (WHERE c.src = 0))[1]
+                  FROM (SELECT u.* FROM (
+                    -- partitions pushed to since the group's mark that hold work for it and no
+                    -- live lease, oldest push first (their index's order: the scan stops at the
+                    -- page's end). A lookup per partition of the range, not a join the planner
+                    -- could turn into a scan of every cursor of every group (OFFSET 0 keeps it
+                    -- apart).
+                    (SELECT 0 AS src, p.id, p.head_xid
+                       FROM conveyor.partitions p
+                       LEFT JOIN LATERAL (SELECT x.cursor, x.lease_id, x.lease_expires_at
+                                            FROM conveyor.partition_cursors x
+                                           WHERE x.partition_id = p.id AND x.consumer_group = group_name
+                                          OFFSET 0) x ON true
+                      WHERE p.queue_id = q.id AND (p.head_xid, p.id) >= (g.scanned_xid, g.scanned_id)
+                        AND p.head > coalesce(x.cursor, 0)
+                        AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts) AND p.id <> ALL (tried)
+                      ORDER BY p.head_xid, p.id LIMIT page)
+                    UNION ALL
+                    -- partitions the group left behind (each cursor's partition looked up by
+                    -- its key, for the same reason)
+                    (SELECT 1, x.partition_id, p.head_xid FROM conveyor.partition_cursors x
+                       CROSS JOIN LATERAL (SELECT p.head, p.head_xid FROM conveyor.partitions p
+                                            WHERE p.id = x.partition_id OFFSET 0) p
+                      WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.behind AND p.head > x.cursor
+                        AND (x.lease_id IS NULL OR x.lease_expires_at <= scan_ts) AND x.partition_id <> ALL (tried)
+                      LIMIT page)
+                    UNION ALL
+                    -- and those whose lease expired
+                    (SELECT 2, x.partition_id, p.head_xid FROM conveyor.partition_cursors x
+                       CROSS JOIN LATERAL (SELECT p.head, p.head_xid FROM conveyor.partitions p
+                                            WHERE p.id = x.partition_id OFFSET 0) p
+                      WHERE x.queue_id = q.id AND x.consumer_group = group_name AND x.lease_id IS NOT NULL
+                        AND x.lease_expires_at <= scan_ts AND p.head > x.cursor AND x.partition_id <> ALL (tried)
+                      ORDER BY x.lease_expires_at LIMIT page)) u
+                    ORDER BY u.head_xid, u.id, u.src) c
+                  INTO candidates, cut, scan_xmin, first_xid, first_id;
+                IF cardinality(tried) = 0 THEN
+                    -- Every partition the walk passed before its first with work (or, if it
+                    -- found none, every one it passed) was drained or held under a lease (its
+                    -- end is found through the cursor): the mark moves up to it, capped at the
+                    -- oldest transaction still running, so no push it passes is still to
+                    -- commit. By the pop that can lock the group's row: the others go on.
+                    IF first_xid IS NULL OR first_xid >= snap_xmin THEN
+                        first_xid := snap_xmin;
+                        first_id := 0;
                     END IF;
-                    -- this pop's walk holds nothing before that key: its own later steps (a
-                    -- second page, the move below) start there, and do not probe it again
-                    g.scanned_xid := first_xid;
-                    g.scanned_id := first_id;
+                    -- (a pop with candidates writes anyway; one without moves the mark only
+                    -- over partitions, to stay a read otherwise)
+                    IF (first_xid, first_id) > (g.scanned_xid, g.scanned_id) THEN
+                        IF candidates IS NOT NULL
+                           OR conveyor._pushed_between(q.id, g.scanned_xid, g.scanned_id, first_xid, first_id) THEN
+                            UPDATE conveyor.consumer_groups x SET scanned_xid = first_xid, scanned_id = first_id
+                             WHERE x.queue_id = q.id AND x.name = group_name
+                               AND (x.scanned_xid, x.scanned_id) < (first_xid, first_id)
+                               AND x.ctid = (SELECT y.ctid FROM conveyor.consumer_groups y
+                                              WHERE y.queue_id = q.id AND y.name = group_name FOR UPDATE SKIP LOCKED);
+                        END IF;
+                        -- this pop's walk holds nothing before that key: its own later steps (a
+                        -- second page, the move below) start there, and do not probe it again
+                        g.scanned_xid := first_xid;
+                        g.scanned_id := first_id;
+                    END IF;
                 END IF;
             END IF;
-          END IF;
             next_at := 1;
             WHILE next_at <= cardinality(candidates) LOOP
                 EXIT WHEN taken >= max_parts OR cardinality(got) >= batch;
